@@ -1,0 +1,10 @@
+//! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
+
+pub mod blockdev;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod mounts;
+pub mod probe;
+pub mod stalls;
+pub mod vm;
