@@ -1,1 +1,808 @@
-//! config
+//! The YAML configuration: schema with defaults, loading, and validation into typed errors
+//! that name the file, the line and the key.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+/// Where the agent looks for its configuration when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/stallwatch/config.yaml";
+
+/// The configuration used when no file exists: probe `/var/tmp`, listen on loopback.
+/// `/var/tmp` is usually not a mount point of its own, so the mount check is off here.
+pub const EMBEDDED_DEFAULT: &str = r#"
+listen_address: "127.0.0.1:19858"
+targets:
+  - path: /var/tmp
+    name: var_tmp
+    require_mountpoint: false
+"#;
+
+/// Largest probe write; larger would make the probe itself the load.
+const MAX_SIZE: u64 = 64 << 20;
+/// Shortest probe interval; shorter would make the probe itself the load.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A configuration that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Syntax, type, unknown key or bad value. `message` carries the key path and line.
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// Which probe a cycle runs. Names are contract (metric label `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Create,
+    Overwrite,
+    Direct,
+    Replace,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Create => "create",
+            Mode::Overwrite => "overwrite",
+            Mode::Direct => "direct",
+            Mode::Replace => "replace",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "create" => Ok(Mode::Create),
+            "overwrite" => Ok(Mode::Overwrite),
+            "direct" => Ok(Mode::Direct),
+            "replace" => Ok(Mode::Replace),
+            _ => Err(format!(
+                "unknown mode {s:?}: expected create, overwrite, direct or replace"
+            )),
+        }
+    }
+}
+
+/// The flush call of the overwrite and replace probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncKind {
+    Fsync,
+    Fdatasync,
+}
+
+impl SyncKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncKind::Fsync => "fsync",
+            SyncKind::Fdatasync => "fdatasync",
+        }
+    }
+}
+
+impl std::str::FromStr for SyncKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fsync" => Ok(SyncKind::Fsync),
+            "fdatasync" => Ok(SyncKind::Fdatasync),
+            _ => Err(format!("unknown sync {s:?}: expected fsync or fdatasync")),
+        }
+    }
+}
+
+/// A positive duration written as `250ms`, `10s`, `2m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map(Dur).map_err(de::Error::custom)
+    }
+}
+
+/// Parses a positive human duration (`250ms`, `10s`, `1m30s`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 250ms, 10s, 2m"))?;
+    if d.is_zero() {
+        return Err(format!("invalid duration {s:?}: must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// A positive byte count written as `4096`, `4KiB`, `1MiB`, `4kB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Str(String),
+        }
+        let n = match Raw::deserialize(d)? {
+            Raw::Int(n) if n > 0 => n as u64,
+            Raw::Int(n) => {
+                return Err(de::Error::custom(format!(
+                    "invalid size \"{n}\": must be greater than zero"
+                )))
+            }
+            Raw::Str(s) => parse_size(&s).map_err(de::Error::custom)?,
+        };
+        Ok(Size(n))
+    }
+}
+
+/// Parses a positive size with an optional binary (`KiB`) or decimal (`kB`) unit.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = || format!("invalid size {s:?}; write e.g. 4096, 4KiB, 1MiB");
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    let v = n.checked_mul(mult).ok_or_else(bad)?;
+    if v == 0 {
+        return Err(format!("invalid size {s:?}: must be greater than zero"));
+    }
+    Ok(v)
+}
+
+/// An absolute path without `..` components.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AbsPath(PathBuf);
+
+impl<'de> Deserialize<'de> for AbsPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let p = PathBuf::from(&s);
+        if !p.is_absolute() {
+            return Err(de::Error::custom(format!(
+                "path {s:?} is relative: target paths must be absolute"
+            )));
+        }
+        if p.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(de::Error::custom(format!(
+                "path {s:?} contains `..`: write the path it means"
+            )));
+        }
+        Ok(AbsPath(p))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen_address: Option<String>,
+    telemetry_path: Option<String>,
+    vm_interval: Option<Dur>,
+    stall_threshold: Option<Dur>,
+    stall_log_size: Option<i64>,
+    #[serde(default)]
+    defaults: RawDefaults,
+    targets: Vec<RawTarget>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    interval: Option<Dur>,
+    modes: Option<Vec<Mode>>,
+    size: Option<Size>,
+    sync: Option<SyncKind>,
+    require_mountpoint: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    path: AbsPath,
+    name: Option<String>,
+    interval: Option<Dur>,
+    modes: Option<Vec<Mode>>,
+    size: Option<Size>,
+    sync: Option<SyncKind>,
+    require_mountpoint: Option<bool>,
+    stall_threshold: Option<Dur>,
+}
+
+/// The validated configuration the agent runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen_address: SocketAddr,
+    pub telemetry_path: String,
+    pub vm_interval: Duration,
+    pub stall_log_size: usize,
+    pub targets: Vec<Target>,
+}
+
+/// One probed directory with its settings resolved (defaults merged in).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub name: String,
+    pub path: PathBuf,
+    pub interval: Duration,
+    pub modes: Vec<Mode>,
+    pub size: u64,
+    pub sync: SyncKind,
+    pub require_mountpoint: bool,
+    pub stall_threshold: Duration,
+}
+
+/// Defaults of the per-target settings: a 10 s cadence keeps a probe's own load
+/// negligible while still resolving minute-long stalls; 4 KiB is one page, the unit
+/// that dirty throttling and writeback deal in.
+pub mod defaults {
+    use super::*;
+    pub const LISTEN_ADDRESS: &str = "0.0.0.0:19858";
+    pub const TELEMETRY_PATH: &str = "/metrics";
+    pub const VM_INTERVAL: Duration = Duration::from_secs(1);
+    pub const STALL_THRESHOLD: Duration = Duration::from_secs(1);
+    pub const STALL_LOG_SIZE: usize = 256;
+    pub const INTERVAL: Duration = Duration::from_secs(10);
+    pub const MODES: [Mode; 2] = [Mode::Create, Mode::Overwrite];
+    pub const SIZE: u64 = 4096;
+    pub const SYNC: SyncKind = SyncKind::Fsync;
+    pub const REQUIRE_MOUNTPOINT: bool = true;
+}
+
+/// Paths the HTTP side serves itself; the telemetry path may not shadow them.
+const RESERVED_PATHS: [&str; 3] = ["/", "/healthz", "/api/stalls"];
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Validates YAML text; `path` only names the source in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| invalid(locate(&e, text)))?;
+        resolve(raw, text).map_err(invalid)
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded() -> Config {
+        Config::parse(EMBEDDED_DEFAULT, Path::new("<embedded default>"))
+            .expect("embedded default configuration is valid")
+    }
+}
+
+/// Finds the 1-based line of the `nth` occurrence of `key: value` in the text, so that
+/// errors found after parsing can still point at a line.
+fn line_of(text: &str, key: &str, value: &str, nth: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l = l.trim_start().trim_start_matches("- ").trim_start();
+            l.strip_prefix(key)
+                .and_then(|r| r.trim_start().strip_prefix(':'))
+                .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'') == value)
+                .unwrap_or(false)
+        })
+        .nth(nth)
+        .map(|(i, _)| i + 1)
+}
+
+/// serde_yaml's message, with a line added where it has none: an unknown key at the
+/// top level is reported without a location.
+fn locate(e: &serde_yaml::Error, text: &str) -> String {
+    let msg = e.to_string();
+    let Some(loc) = e.location() else {
+        // An unknown key at the top level comes without a location: find its line.
+        let key = msg
+            .split_once("unknown field `")
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .map(|(k, _)| k);
+        let line = key.and_then(|k| {
+            text.lines().position(|l| {
+                l.trim_start()
+                    .strip_prefix(k)
+                    .is_some_and(|r| r.trim_start().starts_with(':'))
+            })
+        });
+        return match line {
+            Some(l) => format!("{msg} at line {}", l + 1),
+            None => msg,
+        };
+    };
+    // A bad value is reported at the start of its mapping (`targets[0]: ... at line 2`):
+    // find the line that holds the offending value below it, and name its key.
+    let value = msg
+        .split_once("unknown variant `")
+        .and_then(|(_, r)| r.split_once('`'))
+        .or_else(|| msg.split_once('"').and_then(|(_, r)| r.split_once('"')))
+        .map(|(v, _)| v.to_owned());
+    let found = value.and_then(|v| {
+        text.lines()
+            .enumerate()
+            .skip(loc.line().saturating_sub(1))
+            .find_map(|(i, l)| {
+                let l = l.trim_start().trim_start_matches("- ").trim_start();
+                let (k, rest) = l.split_once(':')?;
+                let hit = rest
+                    .split([',', '[', ']', '"', '\''])
+                    .any(|tok| tok.trim() == v);
+                hit.then(|| (i + 1, k.trim().to_owned()))
+            })
+    });
+    let Some((line, key)) = found else {
+        return if msg.contains(" at line ") {
+            msg
+        } else {
+            format!("{msg} at line {} column {}", loc.line(), loc.column())
+        };
+    };
+    let body = msg.split(" at line ").next().unwrap_or(&msg);
+    let body = match body.split_once(": ") {
+        Some((path, rest)) if !path.contains(' ') && !path.ends_with(&key) => {
+            format!("{path}.{key}: {rest}")
+        }
+        Some((path, _)) if !path.contains(' ') => body.to_owned(),
+        _ => format!("{key}: {body}"),
+    };
+    format!("{body} at line {line}")
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|l| format!(" at line {l}")).unwrap_or_default()
+}
+
+/// Name derived from a path: `/srv/raid0` → `srv_raid0`, `/` → `root`. Unique per path.
+pub fn name_from_path(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let t = s.trim_matches('/');
+    if t.is_empty() {
+        "root".to_owned()
+    } else {
+        t.replace('/', "_")
+    }
+}
+
+fn check_modes(modes: &[Mode], key: &str) -> Result<(), String> {
+    if modes.is_empty() {
+        return Err(format!("{key}: at least one mode is required"));
+    }
+    let mut seen = HashSet::new();
+    for m in modes {
+        if !seen.insert(m) {
+            return Err(format!("{key}: mode {m} is listed twice"));
+        }
+    }
+    Ok(())
+}
+
+fn check_size(size: Option<Size>, key: &str) -> Result<(), String> {
+    match size {
+        Some(Size(n)) if n > MAX_SIZE => Err(format!(
+            "{key}: size {n} is larger than the maximum {MAX_SIZE} bytes"
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_interval(d: Option<Dur>, key: &str) -> Result<(), String> {
+    match d {
+        Some(Dur(d)) if d < MIN_INTERVAL => Err(format!(
+            "{key}: {d:?} is shorter than the minimum {MIN_INTERVAL:?}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
+    let listen = raw
+        .listen_address
+        .as_deref()
+        .unwrap_or(defaults::LISTEN_ADDRESS);
+    let listen_address: SocketAddr = listen.parse().map_err(|_| {
+        format!(
+            "listen_address: {listen:?} is not an IP:port address{}",
+            at_line(line_of(text, "listen_address", listen, 0))
+        )
+    })?;
+    let telemetry_path = raw
+        .telemetry_path
+        .unwrap_or_else(|| defaults::TELEMETRY_PATH.to_owned());
+    if !telemetry_path.starts_with('/') || RESERVED_PATHS.contains(&telemetry_path.as_str()) {
+        return Err(format!(
+            "telemetry_path: {telemetry_path:?} must start with / and differ from {}{}",
+            RESERVED_PATHS.join(", "),
+            at_line(line_of(text, "telemetry_path", &telemetry_path, 0))
+        ));
+    }
+    let stall_log_size = match raw.stall_log_size {
+        None => defaults::STALL_LOG_SIZE,
+        Some(n) if (1..=100_000).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(format!(
+                "stall_log_size: {n} is out of range 1..=100000{}",
+                at_line(line_of(text, "stall_log_size", &n.to_string(), 0))
+            ))
+        }
+    };
+    let d = raw.defaults;
+    if let Some(m) = &d.modes {
+        check_modes(m, "defaults.modes")?;
+    }
+    check_size(d.size, "defaults.size")?;
+    check_interval(d.interval, "defaults.interval")?;
+    let threshold = raw
+        .stall_threshold
+        .map(|d| d.0)
+        .unwrap_or(defaults::STALL_THRESHOLD);
+
+    if raw.targets.is_empty() {
+        return Err("targets: at least one target is required".to_owned());
+    }
+    let mut targets: Vec<Target> = Vec::with_capacity(raw.targets.len());
+    for (i, t) in raw.targets.into_iter().enumerate() {
+        let key = format!("targets[{i}]");
+        if let Some(m) = &t.modes {
+            check_modes(m, &format!("{key}.modes"))?;
+        }
+        check_size(t.size, &format!("{key}.size"))?;
+        check_interval(t.interval, &format!("{key}.interval"))?;
+        let path = t.path.0;
+        let name = match t.name {
+            Some(n) => {
+                if n.is_empty() || n.chars().any(|c| c.is_control()) {
+                    return Err(format!(
+                        "{key}.name: {n:?} must be non-empty printable text{}",
+                        at_line(line_of(text, "name", &n, 0))
+                    ));
+                }
+                n
+            }
+            None => name_from_path(&path),
+        };
+        if let Some(j) = targets.iter().position(|o| o.path == path) {
+            let p = path.display().to_string();
+            return Err(format!(
+                "{key}.path: {p:?} is already probed by targets[{j}]{}",
+                at_line(line_of(text, "path", &p, 1))
+            ));
+        }
+        if let Some(j) = targets.iter().position(|o| o.name == name) {
+            return Err(format!(
+                "{key}.name: target name {name:?} is already used by targets[{j}]{}",
+                at_line(line_of(text, "name", &name, 1))
+            ));
+        }
+        targets.push(Target {
+            name,
+            path,
+            interval: t
+                .interval
+                .or(d.interval)
+                .map(|d| d.0)
+                .unwrap_or(defaults::INTERVAL),
+            modes: t
+                .modes
+                .or_else(|| d.modes.clone())
+                .unwrap_or_else(|| defaults::MODES.to_vec()),
+            size: t.size.or(d.size).map(|s| s.0).unwrap_or(defaults::SIZE),
+            sync: t.sync.or(d.sync).unwrap_or(defaults::SYNC),
+            require_mountpoint: t
+                .require_mountpoint
+                .or(d.require_mountpoint)
+                .unwrap_or(defaults::REQUIRE_MOUNTPOINT),
+            stall_threshold: t.stall_threshold.map(|d| d.0).unwrap_or(threshold),
+        });
+    }
+    Ok(Config {
+        listen_address,
+        telemetry_path,
+        vm_interval: raw
+            .vm_interval
+            .map(|d| d.0)
+            .unwrap_or(defaults::VM_INTERVAL),
+        stall_log_size,
+        targets,
+    })
+}
+
+/// A human summary, printed by `check-config` and logged at start-up.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "listen {} path {} vm_interval {:?} stall_log_size {}",
+            self.listen_address, self.telemetry_path, self.vm_interval, self.stall_log_size
+        )?;
+        for t in &self.targets {
+            let modes: Vec<&str> = t.modes.iter().map(|m| m.as_str()).collect();
+            writeln!(
+                f,
+                "target {} path {} every {:?} modes [{}] size {} sync {} stall_threshold {:?} require_mountpoint {}",
+                t.name,
+                t.path.display(),
+                t.interval,
+                modes.join(","),
+                t.size,
+                t.sync.as_str(),
+                t.stall_threshold,
+                t.require_mountpoint
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(y: &str) -> Result<Config, String> {
+        Config::parse(y, Path::new("test.yaml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn minimal_gets_every_default() {
+        let c = parse("targets:\n  - path: /srv/raid0\n").unwrap();
+        assert_eq!(c.listen_address, "0.0.0.0:19858".parse().unwrap());
+        assert_eq!(c.telemetry_path, "/metrics");
+        assert_eq!(c.vm_interval, Duration::from_secs(1));
+        assert_eq!(c.stall_log_size, 256);
+        let t = &c.targets[0];
+        assert_eq!(t.name, "srv_raid0");
+        assert_eq!(t.path, PathBuf::from("/srv/raid0"));
+        assert_eq!(t.interval, Duration::from_secs(10));
+        assert_eq!(t.modes, vec![Mode::Create, Mode::Overwrite]);
+        assert_eq!(t.size, 4096);
+        assert_eq!(t.sync, SyncKind::Fsync);
+        assert!(t.require_mountpoint);
+        assert_eq!(t.stall_threshold, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn defaults_section_and_target_overrides() {
+        let c = parse(
+            r#"
+listen_address: "127.0.0.1:9999"
+telemetry_path: /m
+vm_interval: 250ms
+stall_threshold: 2s
+stall_log_size: 10
+defaults:
+  interval: 5s
+  modes: [overwrite]
+  size: 8KiB
+  sync: fdatasync
+  require_mountpoint: false
+targets:
+  - path: /a
+  - path: /var/lib/postgresql
+    name: pg
+    modes: [overwrite, direct, replace, create]
+    interval: 2m
+    size: 1MiB
+    sync: fsync
+    require_mountpoint: true
+    stall_threshold: 500ms
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.listen_address, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(c.telemetry_path, "/m");
+        assert_eq!(c.vm_interval, Duration::from_millis(250));
+        assert_eq!(c.stall_log_size, 10);
+        let a = &c.targets[0];
+        assert_eq!(
+            (a.interval, a.size, a.sync, a.require_mountpoint),
+            (Duration::from_secs(5), 8192, SyncKind::Fdatasync, false)
+        );
+        assert_eq!(a.modes, vec![Mode::Overwrite]);
+        assert_eq!(a.stall_threshold, Duration::from_secs(2));
+        let pg = &c.targets[1];
+        assert_eq!(pg.name, "pg");
+        assert_eq!(pg.interval, Duration::from_secs(120));
+        assert_eq!(pg.size, 1 << 20);
+        assert_eq!(pg.sync, SyncKind::Fsync);
+        assert!(pg.require_mountpoint);
+        assert_eq!(pg.stall_threshold, Duration::from_millis(500));
+        assert_eq!(pg.modes.len(), 4);
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("4kB").unwrap(), 4000);
+        assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("4 parsecs").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("10").is_err());
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded();
+        assert_eq!(c.listen_address, "127.0.0.1:19858".parse().unwrap());
+        assert_eq!(c.targets[0].path, PathBuf::from("/var/tmp"));
+    }
+
+    #[test]
+    fn example_file_is_valid() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.example.yaml");
+        Config::load(&p).unwrap();
+    }
+
+    /// Each invalid file with the words its message must contain: the key and the line.
+    #[test]
+    fn invalid_files_name_key_and_line() {
+        let cases: &[(&str, &[&str])] = &[
+            ("targets: [", &["line 2", "while parsing"]),
+            ("foo: 1\ntargets: []\n", &["unknown field `foo`", "line 1"]),
+            (
+                "targets:\n  - path: /a\n    intervall: 5s\n",
+                &["targets[0]", "unknown field `intervall`", "line 3"],
+            ),
+            (
+                "defaults:\n  colour: red\ntargets:\n  - path: /a\n",
+                &["defaults", "unknown field `colour`", "line 2"],
+            ),
+            ("listen_address: 1\n", &["missing field `targets`"]),
+            ("targets: []\n", &["targets: at least one target"]),
+            (
+                "targets:\n  - path: relative/dir\n",
+                &["targets[0].path", "relative", "line 2"],
+            ),
+            (
+                "targets:\n  - path: /a/../b\n",
+                &["targets[0].path", "..", "line 2"],
+            ),
+            (
+                "targets:\n  - name: x\n",
+                &["targets[0]", "missing field `path`", "line 2"],
+            ),
+            (
+                "targets:\n  - path: /a\n    interval: 0s\n",
+                &["targets[0].interval", "greater than zero", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    interval: -5s\n",
+                &["targets[0].interval", "invalid duration", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    interval: 10ms\n",
+                &["targets[0].interval", "minimum"],
+            ),
+            (
+                "targets:\n  - path: /a\n    size: 0\n",
+                &["targets[0].size", "greater than zero", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    size: -4096\n",
+                &["targets[0].size", "greater than zero", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    size: 4 parsecs\n",
+                &["targets[0].size", "invalid size", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    size: 1GiB\n",
+                &["targets[0].size", "maximum"],
+            ),
+            (
+                "targets:\n  - path: /a\n    modes: [create, fsync]\n",
+                &["targets[0].modes", "unknown variant `fsync`", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    modes: []\n",
+                &["targets[0].modes", "at least one mode"],
+            ),
+            (
+                "targets:\n  - path: /a\n    modes: [create, create]\n",
+                &["targets[0].modes", "twice"],
+            ),
+            (
+                "targets:\n  - path: /a\n    sync: sometimes\n",
+                &["targets[0].sync", "unknown variant `sometimes`", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    require_mountpoint: maybe\n",
+                &["targets[0].require_mountpoint", "line 3"],
+            ),
+            (
+                "targets:\n  - path: /a\n    name: x\n  - path: /b\n    name: x\n",
+                &["targets[1].name", "already used", "line 5"],
+            ),
+            (
+                "targets:\n  - path: /a\n  - path: /a\n",
+                &["targets[1].path", "already probed", "line 3"],
+            ),
+            (
+                "listen_address: nowhere\ntargets:\n  - path: /a\n",
+                &["listen_address", "not an IP:port", "line 1"],
+            ),
+            (
+                "listen_address: \"10.0.0.1:99999\"\ntargets:\n  - path: /a\n",
+                &["listen_address", "line 1"],
+            ),
+            (
+                "telemetry_path: metrics\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
+                "telemetry_path: /healthz\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
+                "stall_log_size: 0\ntargets:\n  - path: /a\n",
+                &["stall_log_size", "out of range", "line 1"],
+            ),
+            (
+                "vm_interval: soon\ntargets:\n  - path: /a\n",
+                &["vm_interval", "invalid duration", "line 1"],
+            ),
+            (
+                "stall_threshold: 0ms\ntargets:\n  - path: /a\n",
+                &["stall_threshold", "greater than zero", "line 1"],
+            ),
+            ("targets:\n  path: /a\n", &["targets", "sequence", "line 2"]),
+            ("targets:\n  - path: /a\n\tname: tab\n", &["line 3"]),
+        ];
+        assert!(cases.len() >= 20);
+        for (yaml, words) in cases {
+            let err = parse(yaml).expect_err(yaml);
+            assert!(err.starts_with("test.yaml: "), "{yaml:?} gave {err}");
+            for w in *words {
+                assert!(err.contains(w), "{yaml:?} gave {err:?}, missing {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn missing_file_names_the_file() {
+        let e = Config::load(Path::new("/nonexistent/stallwatch.yaml")).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("/nonexistent/stallwatch.yaml: cannot read"));
+    }
+}

@@ -1,1 +1,172 @@
-//! http
+//! The HTTP side: `/metrics`, `/healthz`, `/`, `/api/stalls`. Every handler reads the
+//! latest cached state only; nothing here waits on a probe.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use tower_http::compression::CompressionLayer;
+
+use crate::metrics::Metrics;
+use crate::probe::TargetShared;
+use crate::stalls::StallLog;
+
+/// What the handlers read.
+pub struct App {
+    pub metrics: Arc<Metrics>,
+    pub stalls: Arc<StallLog>,
+    pub targets: Vec<Arc<TargetShared>>,
+    pub telemetry_path: String,
+}
+
+/// The router over `state`. Only GET and HEAD are routed: other methods get 405,
+/// unknown paths 404.
+pub fn app(state: Arc<App>) -> Router {
+    Router::new()
+        .route(&state.telemetry_path.clone(), get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/", get(index))
+        .route("/api/stalls", get(stalls))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .layer(CompressionLayer::new().gzip(true))
+        .with_state(state)
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn stalls(State(app): State<Arc<App>>) -> Response {
+    Json(app.stalls.events()).into_response()
+}
+
+fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn ago(t: SystemTime) -> String {
+    match SystemTime::now().duration_since(t) {
+        Ok(d) => format!("{:.0} s ago", d.as_secs_f64()),
+        Err(_) => "just now".into(),
+    }
+}
+
+async fn index(State(app): State<Arc<App>>) -> Html<String> {
+    let mut h = String::with_capacity(8192);
+    let path = esc(&app.telemetry_path);
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>stallwatch</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
+         td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}\
+         .up{{color:#080}}.bad{{color:#b00}}</style></head><body>\
+         <h1>stallwatch {}</h1><p><a href=\"{path}\">Metrics</a> · \
+         <a href=\"/api/stalls\">Stalls (JSON)</a> · <a href=\"/healthz\">Health</a></p>\
+         <h2>Targets</h2><table><tr><th>target</th><th>path</th><th>state</th>\
+         <th>since</th><th>mount</th><th>in flight now</th><th>last success</th></tr>",
+        env!("CARGO_PKG_VERSION")
+    );
+    for t in &app.targets {
+        let st = t.status();
+        let class = if st.state.label() == "up" {
+            "up"
+        } else {
+            "bad"
+        };
+        let mount = st
+            .mount
+            .as_ref()
+            .map(|m| {
+                format!(
+                    "{} on {} ({}{})",
+                    m.source,
+                    m.mount_point.display(),
+                    m.fstype,
+                    if st.read_only { ", read-only" } else { "" }
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        let detail = match &st.state {
+            crate::probe::State::Failing(e) | crate::probe::State::MountChanged(e) => {
+                format!(": {e}")
+            }
+            _ => String::new(),
+        };
+        let inflight = t
+            .inflight
+            .current()
+            .map(|c| format!("{} {} for {:.1} s", c.mode, c.op, c.age.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        let last = st.last_success.map(ago).unwrap_or_else(|| "never".into());
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{}{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td></tr>",
+            esc(&t.target.name),
+            esc(&t.target.path.display().to_string()),
+            st.state.label(),
+            esc(&detail),
+            ago(st.since),
+            esc(&mount),
+            esc(&inflight),
+            last
+        );
+    }
+    h.push_str("</table><h2>Recent stalls</h2>");
+    let events = app.stalls.events();
+    if events.is_empty() {
+        h.push_str("<p>None since start.</p>");
+    } else {
+        h.push_str(
+            "<table><tr><th>started</th><th>target</th><th>op</th><th>duration</th>\
+             <th>dirty max</th><th>writeback max</th><th>md</th><th>error</th></tr>",
+        );
+        for e in events.iter().take(50) {
+            let md: Vec<String> =
+                e.md.iter()
+                    .map(|m| format!("{} {}", m.device, m.sync_action))
+                    .collect();
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{:.3} s{}</td><td>{} MiB</td>\
+                 <td>{} MiB</td><td>{}</td><td>{}</td></tr>",
+                humantime::format_rfc3339_millis(e.started_at),
+                esc(&e.target),
+                e.mode,
+                e.op,
+                e.duration_seconds,
+                if e.ongoing { " (ongoing)" } else { "" },
+                e.vm.dirty_bytes_max >> 20,
+                e.vm.writeback_bytes_max >> 20,
+                esc(&md.join(", ")),
+                esc(e.error.as_deref().unwrap_or("")),
+            );
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</body></html>\n");
+    Html(h)
+}

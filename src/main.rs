@@ -1,1 +1,142 @@
-fn main() {}
+//! stallwatch's command line: the agent, `check-config`, `probe`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing::info;
+
+use stallwatch::agent::{self, Roots};
+use stallwatch::config::{self, Config, ConfigError};
+use stallwatch::probe_cli::{self, ProbeArgs};
+
+/// Storage stall probe agent: times create/write/fsync on each mount point, samples
+/// dirty-page and writeback state, and serves it for Prometheus.
+#[derive(Parser)]
+#[command(
+    name = "stallwatch",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Configuration file (default: /etc/stallwatch/config.yaml, else an embedded default).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on, overriding the file; port 0 picks a free port.
+    #[arg(long = "web.listen-address", value_name = "ADDR")]
+    listen_address: Option<String>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long = "log.level", value_name = "LEVEL", default_value = "info")]
+    log_level: tracing::Level,
+    /// Log format.
+    #[arg(long = "log.format", value_name = "FORMAT", default_value = "logfmt")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Logfmt,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration file, print a summary; exit 2 when invalid.
+    CheckConfig { file: PathBuf },
+    /// Run probe cycles in the foreground and print each operation's latency.
+    Probe(ProbeArgs),
+}
+
+fn init_logging(level: tracing::Level, format: LogFormat) {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::filter::LevelFilter::from_level(level);
+    let registry = tracing_subscriber::registry().with(filter);
+    match format {
+        LogFormat::Logfmt => registry
+            .with(
+                tracing_logfmt::builder()
+                    .layer()
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+    }
+}
+
+/// Exit status for a refused configuration or bad arguments.
+const EXIT_INVALID: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::CheckConfig { file }) => check_config(&file),
+        Some(Command::Probe(args)) => probe_cli::run(args),
+        None => {
+            init_logging(cli.log_level, cli.log_format);
+            match run_agent(cli.config.as_deref(), cli.listen_address.as_deref()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("Error: {e:#}");
+                    let invalid = e.downcast_ref::<ConfigError>().is_some();
+                    ExitCode::from(if invalid { EXIT_INVALID } else { 1 })
+                }
+            }
+        }
+    }
+}
+
+fn check_config(file: &Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(c) => {
+            print!("{}: valid\n{c}", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+fn run_agent(config: Option<&Path>, listen: Option<&str>) -> anyhow::Result<()> {
+    let default = Path::new(config::DEFAULT_CONFIG_PATH);
+    let config = match config {
+        Some(p) => {
+            let c = Config::load(p)?;
+            info!(file = %p.display(), "configuration loaded");
+            c
+        }
+        None if default.exists() => {
+            let c = Config::load(default)?;
+            info!(file = %default.display(), "configuration loaded");
+            c
+        }
+        None => {
+            info!(
+                "no --config and no {}: running the embedded default (probe /var/tmp, listen on 127.0.0.1:19858)",
+                default.display()
+            );
+            Config::embedded()
+        }
+    };
+    let listen = match listen {
+        Some(a) => a.parse().map_err(|_| {
+            anyhow::Error::new(ConfigError::Invalid {
+                path: PathBuf::from("--web.listen-address"),
+                message: format!("{a:?} is not an IP:port address"),
+            })
+        })?,
+        None => config.listen_address,
+    };
+    agent::run(config, listen, Roots::default())
+}

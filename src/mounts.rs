@@ -1,1 +1,218 @@
-//! mounts
+//! Which mount a target path is on: parse mountinfo (pure) and decide whether the path is
+//! still the root of the mount it should be.
+//!
+//! The decision uses the mount table, not `st_dev`: on btrfs a subvolume's `st_dev` is an
+//! anonymous device that never appears in mountinfo, so comparing device numbers would call
+//! every btrfs mount "not mounted".
+
+use std::collections::HashMap;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use procfs::process::{MountInfo, MountInfos};
+use procfs::FromBufRead;
+
+/// Mountinfo could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountsError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: malformed mountinfo: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// What matters about a mount for labelling and for noticing that it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The kernel's mount id, comparable with statx `STATX_MNT_ID` of an open descriptor.
+    pub mount_id: u64,
+    pub mount_point: PathBuf,
+    /// `major:minor` as mountinfo gives it.
+    pub maj_min: String,
+    pub fstype: String,
+    /// The mount source, e.g. `/dev/md0`; `none` when the kernel gives none.
+    pub source: String,
+    /// Per-mount options (`rw,relatime`), sorted.
+    pub mount_options: String,
+    /// Superblock options (`rw,attr2,inode64,nobarrier`), sorted.
+    pub super_options: String,
+}
+
+impl Mount {
+    fn from_info(m: &MountInfo) -> Mount {
+        Mount {
+            mount_id: m.mnt_id as u64,
+            mount_point: m.mount_point.clone(),
+            maj_min: m.majmin.clone(),
+            fstype: m.fs_type.clone(),
+            source: m.mount_source.clone().unwrap_or_else(|| "none".to_owned()),
+            mount_options: join_options(&m.mount_options),
+            super_options: join_options(&m.super_options),
+        }
+    }
+
+    /// Mount and superblock options together, without duplicates, for the info label.
+    pub fn options(&self) -> String {
+        let mut all: Vec<&str> = self
+            .mount_options
+            .split(',')
+            .chain(self.super_options.split(','))
+            .filter(|s| !s.is_empty())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all.join(",")
+    }
+
+    /// True when the mount or its superblock is read-only (`ro`, or ext4's `emergency_ro`
+    /// after an error shut the filesystem down).
+    pub fn read_only(&self) -> bool {
+        let has = |opts: &str, o: &str| opts.split(',').any(|x| x == o);
+        has(&self.mount_options, "ro")
+            || has(&self.super_options, "ro")
+            || has(&self.super_options, "emergency_ro")
+    }
+
+    /// The same filesystem, even if remounted with other options.
+    pub fn same_filesystem(&self, other: &Mount) -> bool {
+        self.maj_min == other.maj_min && self.fstype == other.fstype && self.source == other.source
+    }
+}
+
+fn join_options(map: &HashMap<String, Option<String>>) -> String {
+    let mut v: Vec<String> = map
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{k}={v}"),
+            None => k.clone(),
+        })
+        .collect();
+    v.sort_unstable();
+    v.join(",")
+}
+
+/// Parses the text of `/proc/PID/mountinfo`. `path` only names the source in errors.
+pub fn parse_mountinfo(text: &str, path: &Path) -> Result<Vec<Mount>, MountsError> {
+    // procfs panics on nothing, but it accepts an empty file; a mount table without a
+    // root mount is not one we can judge paths against.
+    let infos = MountInfos::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| {
+        MountsError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        }
+    })?;
+    let mounts: Vec<Mount> = infos.0.iter().map(Mount::from_info).collect();
+    if mounts.is_empty() {
+        return Err(MountsError::Parse {
+            path: path.to_owned(),
+            message: "no mounts".to_owned(),
+        });
+    }
+    Ok(mounts)
+}
+
+/// Reads and parses `PROC/self/mountinfo`.
+pub fn read_mountinfo(proc_root: &Path) -> Result<Vec<Mount>, MountsError> {
+    let path = proc_root.join("self/mountinfo");
+    let text = std::fs::read_to_string(&path).map_err(|source| MountsError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse_mountinfo(&text, &path)
+}
+
+/// The mount that `path` (absolute, symlinks resolved) lives on: the entry with the
+/// longest mount point that contains it, the last such entry when mounts are stacked.
+pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
+    let mut best: Option<&Mount> = None;
+    for m in mounts {
+        if path.starts_with(&m.mount_point) {
+            let longer = best
+                .map(|b| m.mount_point.as_os_str().len() >= b.mount_point.as_os_str().len())
+                .unwrap_or(true);
+            if longer {
+                best = Some(m);
+            }
+        }
+    }
+    best
+}
+
+/// The mount whose root is exactly `path`, if the topmost mount at that path is there.
+pub fn mount_at<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
+    mount_of(mounts, path).filter(|m| m.mount_point == path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> String {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/proc")
+            .join(name);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    #[test]
+    fn real_mountinfo_with_loop_xfs_ext4_btrfs() {
+        let text = fixture("mountinfo");
+        let mounts = parse_mountinfo(&text, Path::new("mountinfo")).unwrap();
+        let root = mount_of(&mounts, Path::new("/etc/hostname")).unwrap();
+        assert_eq!(root.mount_point, PathBuf::from("/"));
+        // The fixture holds a loop XFS mounted with a space in its path (octal-escaped).
+        let xfs = mounts.iter().find(|m| m.fstype == "xfs").unwrap();
+        assert!(xfs.source.starts_with("/dev/loop"), "{xfs:?}");
+        assert!(mount_at(&mounts, &xfs.mount_point).is_some());
+        assert!(mount_at(&mounts, &xfs.mount_point.join("sub")).is_none());
+        assert_eq!(
+            mount_of(&mounts, &xfs.mount_point.join("sub/dir")).unwrap(),
+            xfs
+        );
+        let btrfs = mounts.iter().find(|m| m.fstype == "btrfs").unwrap();
+        assert!(mount_at(&mounts, &btrfs.mount_point).is_some());
+    }
+
+    #[test]
+    fn stacked_mounts_topmost_wins_and_options() {
+        let text = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro
+30 22 8:16 / /srv/raid0 rw,relatime shared:2 - xfs /dev/md0 rw,attr2,inode64,nobarrier
+31 30 8:32 / /srv/raid0 ro,relatime shared:3 - ext4 /dev/sdc rw,emergency_ro
+";
+        let mounts = parse_mountinfo(text, Path::new("t")).unwrap();
+        let m = mount_at(&mounts, Path::new("/srv/raid0")).unwrap();
+        assert_eq!(m.source, "/dev/sdc");
+        assert!(m.read_only());
+        assert!(!mounts[1].read_only());
+        assert!(mounts[1].options().contains("nobarrier"));
+        assert!(mount_at(&mounts, Path::new("/srv")).is_none());
+        assert!(!mounts[1].same_filesystem(m));
+        // A prefix of a name is not a parent directory.
+        assert_eq!(
+            mount_of(&mounts, Path::new("/srv/raid01"))
+                .unwrap()
+                .mount_point,
+            PathBuf::from("/")
+        );
+    }
+
+    #[test]
+    fn malformed_mountinfo_is_an_error_not_a_panic() {
+        for bad in [
+            "",
+            "garbage",
+            "22 1 8:1 /",
+            "x y z - ext4\n",
+            "22 1 8:1 / / rw shared:1 ext4 /dev/sda1 rw\n",
+        ] {
+            assert!(
+                parse_mountinfo(bad, Path::new("bad")).is_err(),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+}

@@ -1,1 +1,380 @@
-//! stalls
+//! The stall watchdog and the bounded log of stall events, each with the kernel's state
+//! over the stall's window.
+//!
+//! A stall is counted when its operation crosses the threshold, while the call may still
+//! be blocked, by the watchdog thread that polls every target's in-flight slot. If the
+//! call returns between two polls, the probe thread counts it on return instead. Both
+//! paths go through one lock, so each stall is counted once.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tracing::warn;
+
+use crate::config::Mode;
+use crate::metrics::Metrics;
+use crate::probe::ops::{Failure, Op};
+use crate::probe::{lock, InFlightOp, Shutdown, TargetShared};
+use crate::vm::VmSample;
+
+/// How often the watchdog looks at the in-flight slots: well inside the 250 ms within
+/// which a crossing must be counted, and cheap (a few atomic loads per target).
+pub const WATCHDOG_TICK: Duration = Duration::from_millis(50);
+
+/// VM samples kept for the start of a stall's window (a stall is seen only once it has
+/// lasted the threshold, so its first part is read back from here).
+const HISTORY: usize = 1024;
+
+/// What the sampler read of the block devices beneath the targets.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceReading {
+    /// Requests in flight (reads + writes) per whole disk.
+    pub inflight: HashMap<String, u64>,
+    /// Sync action per md array.
+    pub md_action: HashMap<String, String>,
+}
+
+/// One sample of the kernel's state as the stall log keeps it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub vm: VmSample,
+    pub devices: DeviceReading,
+}
+
+/// The kernel's state over a stall's window. Field names are contract (SPEC).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct VmContext {
+    pub dirty_bytes_start: u64,
+    pub dirty_bytes_max: u64,
+    pub writeback_bytes_max: u64,
+    pub dirty_threshold_bytes: u64,
+    pub dirty_background_threshold_bytes: u64,
+    /// PSI io time accrued during the stall; null without PSI.
+    pub io_pressure_some_seconds: Option<f64>,
+    pub io_pressure_full_seconds: Option<f64>,
+}
+
+/// An md array beneath the target and its sync action during the stall (the busiest
+/// one seen: a check that ran for part of the window is reported).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MdContext {
+    pub device: String,
+    pub sync_action: String,
+}
+
+/// The backing device and its peak in-flight requests during the stall.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DeviceContext {
+    pub device: String,
+    pub inflight_requests_max: u64,
+}
+
+/// One stall, as `/api/stalls` serves it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StallEvent {
+    pub target: String,
+    pub mode: &'static str,
+    pub op: &'static str,
+    #[serde(serialize_with = "rfc3339")]
+    pub started_at: SystemTime,
+    /// Time blocked so far while ongoing; the call's duration once it returned.
+    pub duration_seconds: f64,
+    pub ongoing: bool,
+    pub error: Option<String>,
+    pub vm: VmContext,
+    pub md: Vec<MdContext>,
+    pub device: Option<DeviceContext>,
+    #[serde(skip)]
+    started: Instant,
+    #[serde(skip)]
+    key: (usize, u64),
+    #[serde(skip)]
+    pressure_start: Option<(f64, f64)>,
+    #[serde(skip)]
+    disk: Option<String>,
+    #[serde(skip)]
+    arrays: Vec<String>,
+}
+
+fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string())
+}
+
+/// Names of the devices beneath a target, set by its probe thread once resolved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetDevices {
+    pub disk: Option<String>,
+    pub arrays: Vec<String>,
+}
+
+struct Inner {
+    /// Newest first.
+    events: VecDeque<StallEvent>,
+    history: VecDeque<Snapshot>,
+    /// Per target, the seq of the last operation counted as a stall.
+    counted: HashMap<usize, u64>,
+    devices: HashMap<usize, TargetDevices>,
+}
+
+/// The stall counter's single writer path and the ring of recent events.
+pub struct StallLog {
+    inner: Mutex<Inner>,
+    capacity: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl StallLog {
+    pub fn new(capacity: usize, metrics: Arc<Metrics>) -> StallLog {
+        StallLog {
+            inner: Mutex::new(Inner {
+                events: VecDeque::with_capacity(capacity.min(1024)),
+                history: VecDeque::with_capacity(HISTORY),
+                counted: HashMap::new(),
+                devices: HashMap::new(),
+            }),
+            capacity,
+            metrics,
+        }
+    }
+
+    /// Records which devices lie beneath a target, for the context of its stalls.
+    pub fn set_devices(&self, target: usize, devices: TargetDevices) {
+        lock(&self.inner).devices.insert(target, devices);
+    }
+
+    /// The whole disks and md arrays beneath all targets, for the sampler to read.
+    pub fn watched_devices(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let inner = lock(&self.inner);
+        let disks = inner
+            .devices
+            .values()
+            .filter_map(|d| d.disk.clone())
+            .collect();
+        let arrays = inner
+            .devices
+            .values()
+            .flat_map(|d| d.arrays.iter().cloned())
+            .collect();
+        (disks, arrays)
+    }
+
+    /// The recent events, newest first, ongoing ones with their age so far.
+    pub fn events(&self) -> Vec<StallEvent> {
+        let inner = lock(&self.inner);
+        inner
+            .events
+            .iter()
+            .map(|e| {
+                let mut e = e.clone();
+                if e.ongoing {
+                    e.duration_seconds = e.started.elapsed().as_secs_f64();
+                }
+                e
+            })
+            .collect()
+    }
+
+    /// The watchdog saw `op` in flight past the target's threshold.
+    pub fn crossed(&self, t: &TargetShared, op: InFlightOp) {
+        let mut inner = lock(&self.inner);
+        if inner.counted.get(&t.index) == Some(&op.seq) {
+            return;
+        }
+        inner.counted.insert(t.index, op.seq);
+        let ev = self.new_event(&inner, t, op.mode, op.op, op.seq, op.started, true);
+        self.count(t, op.mode, op.op);
+        warn!(target = %t.target.name, mode = %op.mode, op = %op.op,
+            blocked_seconds = op.age.as_secs_f64(),
+            dirty_bytes = ev.vm.dirty_bytes_max, writeback_bytes = ev.vm.writeback_bytes_max,
+            dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
+            md = ?ev.md, device = ?ev.device,
+            "stall started: operation blocked past the threshold");
+        self.push(&mut inner, ev);
+    }
+
+    /// An operation slower than the threshold returned.
+    pub fn finished(
+        &self,
+        t: &TargetShared,
+        mode: Mode,
+        op: Op,
+        seq: u64,
+        elapsed: Duration,
+        failure: Option<Failure>,
+    ) {
+        let mut inner = lock(&self.inner);
+        let started = Instant::now() - elapsed;
+        if inner.counted.get(&t.index) != Some(&seq) {
+            // Returned between two watchdog ticks: count it now.
+            inner.counted.insert(t.index, seq);
+            self.count(t, mode, op);
+            let ev = self.new_event(&inner, t, mode, op, seq, started, false);
+            self.push(&mut inner, ev);
+        }
+        let latest = inner.history.back().cloned();
+        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (t.index, seq)) else {
+            return;
+        };
+        if let Some(s) = &latest {
+            update(ev, s);
+        }
+        ev.ongoing = false;
+        ev.duration_seconds = elapsed.as_secs_f64();
+        ev.error = failure.map(|f| f.to_string());
+        warn!(target = %ev.target, mode = ev.mode, op = ev.op,
+            duration_seconds = ev.duration_seconds, error = ?ev.error,
+            dirty_bytes_start = ev.vm.dirty_bytes_start, dirty_bytes_max = ev.vm.dirty_bytes_max,
+            writeback_bytes_max = ev.vm.writeback_bytes_max,
+            dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
+            io_pressure_full_seconds = ?ev.vm.io_pressure_full_seconds,
+            md = ?ev.md, device = ?ev.device,
+            "stall ended");
+    }
+
+    /// A new sample from the VM sampler: kept for later windows, and folded into every
+    /// ongoing stall's maxima.
+    pub fn observe(&self, snap: Snapshot) {
+        let mut inner = lock(&self.inner);
+        for ev in inner.events.iter_mut().filter(|e| e.ongoing) {
+            update(ev, &snap);
+        }
+        if inner.history.len() == HISTORY {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(snap);
+    }
+
+    /// The latest sample, for the landing page.
+    pub fn latest(&self) -> Option<Snapshot> {
+        lock(&self.inner).history.back().cloned()
+    }
+
+    fn count(&self, t: &TargetShared, mode: Mode, op: Op) {
+        self.metrics
+            .stalls
+            .with_label_values(&[&t.target.name, mode.as_str(), op.as_str()])
+            .inc();
+    }
+
+    fn push(&self, inner: &mut Inner, ev: StallEvent) {
+        if inner.events.len() == self.capacity {
+            inner.events.pop_back();
+        }
+        inner.events.push_front(ev);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new_event(
+        &self,
+        inner: &Inner,
+        t: &TargetShared,
+        mode: Mode,
+        op: Op,
+        seq: u64,
+        started: Instant,
+        ongoing: bool,
+    ) -> StallEvent {
+        let devs = inner.devices.get(&t.index).cloned().unwrap_or_default();
+        // The last sample at or before the start gives the state the call met; the
+        // samples since then give the window so far.
+        let before = inner.history.iter().rev().find(|s| s.vm.at <= started);
+        let first = before.or_else(|| inner.history.iter().find(|s| s.vm.at > started));
+        let mut ev = StallEvent {
+            target: t.target.name.clone(),
+            mode: mode.as_str(),
+            op: op.as_str(),
+            started_at: SystemTime::now() - started.elapsed(),
+            duration_seconds: started.elapsed().as_secs_f64(),
+            ongoing,
+            error: None,
+            vm: VmContext::default(),
+            md: devs
+                .arrays
+                .iter()
+                .map(|a| MdContext {
+                    device: a.clone(),
+                    sync_action: "unknown".into(),
+                })
+                .collect(),
+            device: devs.disk.as_ref().map(|d| DeviceContext {
+                device: d.clone(),
+                inflight_requests_max: 0,
+            }),
+            started,
+            key: (t.index, seq),
+            pressure_start: None,
+            disk: devs.disk.clone(),
+            arrays: devs.arrays.clone(),
+        };
+        if let Some(s) = first {
+            ev.vm.dirty_bytes_start = s.vm.counters.dirty_bytes;
+            ev.pressure_start = s.vm.pressure.map(|p| (p.some_seconds, p.full_seconds));
+            update(&mut ev, s);
+        }
+        for s in inner.history.iter().filter(|s| s.vm.at > started) {
+            update(&mut ev, s);
+        }
+        ev
+    }
+}
+
+/// Folds one sample into an event's window.
+fn update(ev: &mut StallEvent, s: &Snapshot) {
+    let c = &s.vm.counters;
+    ev.vm.dirty_bytes_max = ev.vm.dirty_bytes_max.max(c.dirty_bytes);
+    ev.vm.writeback_bytes_max = ev.vm.writeback_bytes_max.max(c.writeback_bytes);
+    ev.vm.dirty_threshold_bytes = c.dirty_threshold_bytes;
+    ev.vm.dirty_background_threshold_bytes = c.dirty_background_threshold_bytes;
+    match (ev.pressure_start, s.vm.pressure) {
+        (Some((some0, full0)), Some(p)) => {
+            ev.vm.io_pressure_some_seconds = Some((p.some_seconds - some0).max(0.0));
+            ev.vm.io_pressure_full_seconds = Some((p.full_seconds - full0).max(0.0));
+        }
+        (None, Some(p)) => ev.pressure_start = Some((p.some_seconds, p.full_seconds)),
+        _ => {}
+    }
+    if let (Some(disk), Some(dev)) = (&ev.disk, ev.device.as_mut()) {
+        if let Some(&n) = s.devices.inflight.get(disk) {
+            dev.inflight_requests_max = dev.inflight_requests_max.max(n);
+        }
+    }
+    for (name, md) in ev.arrays.iter().zip(ev.md.iter_mut()) {
+        if let Some(action) = s.devices.md_action.get(name) {
+            // Keep the busiest action seen: "idle" never hides a check seen earlier.
+            if md.sync_action == "unknown" || (md.sync_action == "idle" && action != "idle") {
+                md.sync_action = action.clone();
+            }
+        }
+    }
+}
+
+/// The watchdog thread: counts overdue cycles and threshold crossings, live.
+pub fn run_watchdog(
+    targets: Vec<Arc<TargetShared>>,
+    stalls: Arc<StallLog>,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<Shutdown>,
+) {
+    let mut next = Instant::now();
+    loop {
+        next += WATCHDOG_TICK;
+        if shutdown.sleep_until(next) {
+            return;
+        }
+        for t in &targets {
+            t.count_overdue(&metrics);
+            if let Some(op) = t.inflight.current() {
+                if op.age >= t.target.stall_threshold {
+                    stalls.crossed(t, op);
+                }
+            }
+        }
+        // After a long suspend, do not run a burst of ticks to catch up.
+        let now = Instant::now();
+        if next < now {
+            next = now;
+        }
+    }
+}

@@ -1,1 +1,245 @@
-//! vm
+//! The kernel's dirty-page and writeback state: parsers for `/proc/vmstat`,
+//! `/proc/pressure/io` and the `vm.dirty_*` sysctls (pure), and one sample read from a
+//! given procfs root.
+
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use procfs::{FromBufRead, IoPressure, VmStat};
+
+/// A procfs file could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// The writeback counters of `/proc/vmstat`, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VmCounters {
+    pub dirty_bytes: u64,
+    pub writeback_bytes: u64,
+    pub dirty_threshold_bytes: u64,
+    pub dirty_background_threshold_bytes: u64,
+    pub dirtied_bytes: u64,
+    pub written_bytes: u64,
+}
+
+/// `/proc/pressure/io` totals, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct IoPressureTotals {
+    pub some_seconds: f64,
+    pub full_seconds: f64,
+}
+
+/// The `vm.dirty_*` sysctls in base units: ratios 0–1, bytes, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DirtySysctls {
+    pub dirty_ratio: f64,
+    pub dirty_background_ratio: f64,
+    pub dirty_bytes: u64,
+    pub dirty_background_bytes: u64,
+    pub dirty_expire_seconds: f64,
+    pub dirty_writeback_seconds: f64,
+}
+
+/// One reading of the kernel's state.
+#[derive(Debug, Clone, Copy)]
+pub struct VmSample {
+    pub at: Instant,
+    pub counters: VmCounters,
+    /// None on kernels without PSI (or with it disabled).
+    pub pressure: Option<IoPressureTotals>,
+    pub sysctls: Option<DirtySysctls>,
+}
+
+/// Parses `/proc/vmstat` text; `page_size` converts pages to bytes.
+pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
+    let stat = VmStat::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| e.to_string())?;
+    let pages = |key: &str| -> Result<u64, String> {
+        match stat.0.get(key) {
+            Some(&v) if v >= 0 => Ok(v as u64 * page_size),
+            Some(v) => Err(format!("{key} is negative ({v})")),
+            None => Err(format!("{key} missing")),
+        }
+    };
+    Ok(VmCounters {
+        dirty_bytes: pages("nr_dirty")?,
+        writeback_bytes: pages("nr_writeback")?,
+        dirty_threshold_bytes: pages("nr_dirty_threshold")?,
+        dirty_background_threshold_bytes: pages("nr_dirty_background_threshold")?,
+        dirtied_bytes: pages("nr_dirtied")?,
+        written_bytes: pages("nr_written")?,
+    })
+}
+
+/// Parses `/proc/pressure/io` text (totals are in microseconds there).
+pub fn parse_pressure(text: &str) -> Result<IoPressureTotals, String> {
+    // procfs indexes the two lines by position and would panic on a short file.
+    if text.lines().filter(|l| !l.trim().is_empty()).count() < 2 {
+        return Err("expected a `some` and a `full` line".to_owned());
+    }
+    let p =
+        IoPressure::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| e.to_string())?;
+    Ok(IoPressureTotals {
+        some_seconds: p.some.total as f64 / 1e6,
+        full_seconds: p.full.total as f64 / 1e6,
+    })
+}
+
+fn parse_num(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("not a non-negative integer: {:?}", text.trim()))
+}
+
+/// Reads the `vm.dirty_*` sysctls from `PROC/sys/vm`.
+pub fn read_sysctls(proc_root: &Path) -> Result<DirtySysctls, VmError> {
+    let dir = proc_root.join("sys/vm");
+    let get = |name: &str| -> Result<u64, VmError> {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|source| VmError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        parse_num(&text).map_err(|message| VmError::Parse { path, message })
+    };
+    Ok(DirtySysctls {
+        dirty_ratio: get("dirty_ratio")? as f64 / 100.0,
+        dirty_background_ratio: get("dirty_background_ratio")? as f64 / 100.0,
+        dirty_bytes: get("dirty_bytes")?,
+        dirty_background_bytes: get("dirty_background_bytes")?,
+        dirty_expire_seconds: get("dirty_expire_centisecs")? as f64 / 100.0,
+        dirty_writeback_seconds: get("dirty_writeback_centisecs")? as f64 / 100.0,
+    })
+}
+
+/// Reads a procfs file whole and parses it; errors carry the path.
+fn read_parse<T>(
+    path: PathBuf,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, VmError> {
+    let text = std::fs::read_to_string(&path).map_err(|source| VmError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse(&text).map_err(|message| VmError::Parse { path, message })
+}
+
+/// Takes one sample under `proc_root`. vmstat is required; pressure and sysctls are
+/// optional (a kernel without PSI, a container hiding /proc/sys), so their absence is
+/// not an error.
+pub fn sample(proc_root: &Path, page_size: u64) -> Result<VmSample, VmError> {
+    let counters = read_parse(proc_root.join("vmstat"), |t| parse_vmstat(t, page_size))?;
+    let pressure = read_parse(proc_root.join("pressure/io"), parse_pressure).ok();
+    let sysctls = read_sysctls(proc_root).ok();
+    Ok(VmSample {
+        at: Instant::now(),
+        counters,
+        pressure,
+        sysctls,
+    })
+}
+
+/// The system's page size, for converting vmstat's page counts.
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map(|v| v as u64)
+        .unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/proc")
+    }
+
+    #[test]
+    fn vmstat_fixture() {
+        let text = std::fs::read_to_string(fixtures().join("vmstat")).unwrap();
+        let c = parse_vmstat(&text, 4096).unwrap();
+        assert!(c.dirty_threshold_bytes > 0);
+        assert!(c.dirty_background_threshold_bytes > 0);
+        assert!(c.dirty_background_threshold_bytes <= c.dirty_threshold_bytes);
+        assert!(c.dirtied_bytes >= c.dirty_bytes);
+        assert_eq!(c.dirty_bytes % 4096, 0);
+    }
+
+    #[test]
+    fn vmstat_literal_and_page_size() {
+        let text = "nr_dirty 3\nnr_writeback 1\nnr_dirty_threshold 100\n\
+                    nr_dirty_background_threshold 50\nnr_dirtied 1000\nnr_written 900\n";
+        let c = parse_vmstat(text, 16384).unwrap();
+        assert_eq!(c.dirty_bytes, 3 * 16384);
+        assert_eq!(c.writeback_bytes, 16384);
+        assert_eq!(c.dirty_threshold_bytes, 100 * 16384);
+        assert_eq!(c.written_bytes, 900 * 16384);
+    }
+
+    #[test]
+    fn vmstat_malformed() {
+        for bad in [
+            "",
+            "nr_dirty 3\n",
+            "nr_dirty x\n",
+            "nr_dirty\n",
+            "nr_dirty -3\nnr_writeback 1\nnr_dirty_threshold 100\nnr_dirty_background_threshold 50\nnr_dirtied 1\nnr_written 1\n",
+        ] {
+            assert!(parse_vmstat(bad, 4096).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn pressure_fixture_and_literal() {
+        let text = std::fs::read_to_string(fixtures().join("pressure/io")).unwrap();
+        let p = parse_pressure(&text).unwrap();
+        assert!(p.some_seconds >= p.full_seconds);
+        let p = parse_pressure(
+            "some avg10=1.00 avg60=0.50 avg300=0.10 total=2500000\n\
+             full avg10=0.50 avg60=0.20 avg300=0.05 total=1500000\n",
+        )
+        .unwrap();
+        assert_eq!(p.some_seconds, 2.5);
+        assert_eq!(p.full_seconds, 1.5);
+    }
+
+    #[test]
+    fn pressure_malformed() {
+        for bad in [
+            "",
+            "some avg10=1.00 avg60=0.50 avg300=0.10 total=1\n",
+            "some total=x\nfull total=y\n",
+            "garbage\nmore garbage\n",
+        ] {
+            assert!(parse_pressure(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sysctls_in_base_units() {
+        let s = read_sysctls(&fixtures()).unwrap();
+        assert!(s.dirty_ratio > 0.0 && s.dirty_ratio <= 1.0);
+        assert!(s.dirty_expire_seconds > 0.0);
+        assert!(parse_num("-1").is_err());
+        assert!(parse_num("").is_err());
+    }
+
+    #[test]
+    fn sample_from_fixture_root_and_missing_root() {
+        let s = sample(&fixtures(), 4096).unwrap();
+        assert!(s.pressure.is_some());
+        assert!(s.sysctls.is_some());
+        let e = sample(Path::new("/nonexistent"), 4096).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/vmstat"));
+    }
+}

@@ -1,0 +1,763 @@
+//! The system calls of each probe mode, each timed on its own on the monotonic clock.
+//! No metrics and no globals here: every timed call is reported to an [`Observer`].
+//!
+//! All paths are opened relative to a directory descriptor with `O_NOFOLLOW|O_CLOEXEC`,
+//! so a symlink planted in the probe directory is never followed and nothing outside it
+//! is touched. No descriptor outlives a cycle, so the agent never makes `umount` fail.
+
+use std::alloc::Layout;
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode as FileMode};
+use nix::unistd::{fdatasync, fsync, unlinkat, UnlinkatFlags};
+
+use crate::config::{Mode, SyncKind};
+
+/// Name of the directory the agent owns below each target path.
+pub const PROBE_DIR: &str = ".stallwatch";
+
+/// One timed operation. Names are contract (metric label `op`); `prepare` covers the
+/// untimed set-up a cycle may need (opening the probe directory, preallocating a file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Prepare,
+    Create,
+    Close,
+    Unlink,
+    Write,
+    Fsync,
+    Fdatasync,
+    Rename,
+    Dirsync,
+}
+
+impl Op {
+    pub const ALL: [Op; 9] = [
+        Op::Prepare,
+        Op::Create,
+        Op::Close,
+        Op::Unlink,
+        Op::Write,
+        Op::Fsync,
+        Op::Fdatasync,
+        Op::Rename,
+        Op::Dirsync,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Prepare => "prepare",
+            Op::Create => "create",
+            Op::Close => "close",
+            Op::Unlink => "unlink",
+            Op::Write => "write",
+            Op::Fsync => "fsync",
+            Op::Fdatasync => "fdatasync",
+            Op::Rename => "rename",
+            Op::Dirsync => "dirsync",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        Op::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The timed operations of a mode, in the order a cycle runs them.
+pub fn ops_of(mode: Mode, sync: SyncKind) -> &'static [Op] {
+    match (mode, sync) {
+        (Mode::Create, _) => &[Op::Create, Op::Close, Op::Unlink],
+        (Mode::Overwrite, SyncKind::Fsync) => &[Op::Write, Op::Fsync],
+        (Mode::Overwrite, SyncKind::Fdatasync) => &[Op::Write, Op::Fdatasync],
+        (Mode::Direct, _) => &[Op::Write],
+        (Mode::Replace, _) => &[Op::Create, Op::Write, Op::Fsync, Op::Rename, Op::Dirsync],
+    }
+}
+
+/// Why an operation failed: an errno, or a condition the kernel does not name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Errno(Errno),
+    /// `pwrite` wrote fewer bytes than asked.
+    ShortWrite,
+    /// The probe directory is a symlink, not ours, or writable by others.
+    UnsafeDir,
+    /// The directory is not on the mount that was checked (it changed under us).
+    MountChanged,
+}
+
+impl Failure {
+    /// The value of the `errno` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Errno(e) => errno_name(e),
+            Failure::ShortWrite => "short_write",
+            Failure::UnsafeDir => "unsafe_dir",
+            Failure::MountChanged => "mount_changed",
+        }
+    }
+}
+
+/// The symbolic name of an errno (`EIO`), as the metrics label it.
+pub fn errno_name(e: Errno) -> &'static str {
+    // Errno's Debug is its symbolic name; intern the few we see to avoid allocating.
+    match e {
+        Errno::EIO => "EIO",
+        Errno::ENOSPC => "ENOSPC",
+        Errno::EROFS => "EROFS",
+        Errno::EACCES => "EACCES",
+        Errno::EPERM => "EPERM",
+        Errno::ENOENT => "ENOENT",
+        Errno::EINVAL => "EINVAL",
+        Errno::EDQUOT => "EDQUOT",
+        Errno::ELOOP => "ELOOP",
+        Errno::ENOTDIR => "ENOTDIR",
+        Errno::EEXIST => "EEXIST",
+        Errno::ESTALE => "ESTALE",
+        Errno::EUCLEAN => "EUCLEAN",
+        Errno::ENODEV => "ENODEV",
+        Errno::ENXIO => "ENXIO",
+        Errno::EBADF => "EBADF",
+        Errno::EMFILE => "EMFILE",
+        Errno::ENFILE => "ENFILE",
+        Errno::ENOMEM => "ENOMEM",
+        Errno::EINTR => "EINTR",
+        Errno::EAGAIN => "EAGAIN",
+        Errno::EFBIG => "EFBIG",
+        Errno::ETIMEDOUT => "ETIMEDOUT",
+        Errno::ENOTCONN => "ENOTCONN",
+        _ => "other",
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Errno(e) => write!(f, "{} ({})", errno_name(*e), e.desc()),
+            Failure::ShortWrite => f.write_str("short write"),
+            Failure::UnsafeDir => f.write_str("unsafe probe directory"),
+            Failure::MountChanged => f.write_str("mount changed under the probe"),
+        }
+    }
+}
+
+/// A failed operation of a cycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpError {
+    pub mode: Mode,
+    pub op: Op,
+    pub failure: Failure,
+    /// What was being done, for the log.
+    pub context: String,
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}: {}",
+            self.mode, self.op, self.context, self.failure
+        )
+    }
+}
+
+/// Receives every timed operation: `begin` right before the system call, `end` right
+/// after it with the elapsed time, whether it succeeded or not.
+pub trait Observer {
+    fn begin(&self, mode: Mode, op: Op);
+    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>);
+}
+
+/// An observer that records nothing.
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn begin(&self, _: Mode, _: Op) {}
+    fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>) {}
+}
+
+/// The open probe directory of one cycle.
+pub struct ProbeDir {
+    fd: OwnedFd,
+    /// Alignment for O_DIRECT offsets and sizes.
+    pub direct_align: Option<u64>,
+}
+
+/// The mount id of an open descriptor (statx `STATX_MNT_ID`, Linux 5.8+), so that the
+/// directory we hold can be checked against the mount table without a race.
+pub fn mount_id(fd: impl AsFd) -> Result<u64, Errno> {
+    let st = statx(fd.as_fd(), nix::libc::STATX_MNT_ID)?;
+    if st.stx_mask & nix::libc::STATX_MNT_ID == 0 {
+        return Err(Errno::ENOSYS);
+    }
+    Ok(st.stx_mnt_id)
+}
+
+fn statx(fd: std::os::fd::BorrowedFd<'_>, mask: u32) -> Result<nix::libc::statx, Errno> {
+    // SAFETY: statx writes into the zeroed struct we pass; the empty path with
+    // AT_EMPTY_PATH refers to `fd` itself.
+    unsafe {
+        let mut st: nix::libc::statx = std::mem::zeroed();
+        let rc = nix::libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            nix::libc::AT_EMPTY_PATH,
+            mask,
+            &mut st,
+        );
+        Errno::result(rc)?;
+        Ok(st)
+    }
+}
+
+/// The filesystem's O_DIRECT alignment (statx `STATX_DIOALIGN`, Linux 6.1+): `None`
+/// when the filesystem says it does not support direct I/O, 4096 when the kernel is too
+/// old to say.
+fn direct_alignment(fd: impl AsFd) -> Option<u64> {
+    const STATX_DIOALIGN: u32 = 0x2000;
+    match statx(fd.as_fd(), STATX_DIOALIGN) {
+        Ok(st) if st.stx_mask & STATX_DIOALIGN != 0 => {
+            if st.stx_dio_offset_align == 0 {
+                None
+            } else {
+                Some(u64::from(st.stx_dio_offset_align.max(st.stx_dio_mem_align)).max(512))
+            }
+        }
+        _ => Some(4096),
+    }
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// The probe directory could not be opened or is not safe to write into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareError {
+    pub failure: Failure,
+    pub context: String,
+}
+
+impl fmt::Display for PrepareError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.context, self.failure)
+    }
+}
+
+/// Opens `PATH/.stallwatch`, creating it (mode 0700) if missing. When `expected_mount`
+/// is given, `PATH` must be on that mount id, checked on the descriptor we then use for
+/// every operation. Refuses a probe directory that is a symlink, is not owned by us, or
+/// is writable by group or others.
+pub fn open_probe_dir(path: &Path, expected_mount: Option<u64>) -> Result<ProbeDir, PrepareError> {
+    open_dir(path, expected_mount, true)
+}
+
+/// Like [`open_probe_dir`] but never creates the directory (for cleaning up).
+pub fn open_probe_dir_existing(
+    path: &Path,
+    expected_mount: Option<u64>,
+) -> Result<ProbeDir, PrepareError> {
+    open_dir(path, expected_mount, false)
+}
+
+fn open_dir(
+    path: &Path,
+    expected_mount: Option<u64>,
+    create: bool,
+) -> Result<ProbeDir, PrepareError> {
+    let err = |failure, context: String| PrepareError { failure, context };
+    let parent = nix::fcntl::open(path, DIR_FLAGS, FileMode::empty())
+        .map_err(|e| err(Failure::Errno(e), format!("open {}", path.display())))?;
+    if let Some(want) = expected_mount {
+        match mount_id(&parent) {
+            Ok(id) if id != want => {
+                return Err(err(
+                    Failure::MountChanged,
+                    format!("{} is on mount {id}, expected {want}", path.display()),
+                ))
+            }
+            _ => {}
+        }
+    }
+    if create {
+        match mkdirat(&parent, PROBE_DIR, FileMode::S_IRWXU) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => {
+                return Err(err(
+                    Failure::Errno(e),
+                    format!("create {}/{PROBE_DIR}", path.display()),
+                ))
+            }
+        }
+    }
+    let fd = openat(&parent, PROBE_DIR, DIR_FLAGS, FileMode::empty()).map_err(|e| {
+        let failure = match e {
+            // O_NOFOLLOW on a symlink: ELOOP; O_DIRECTORY on a file: ENOTDIR.
+            Errno::ELOOP | Errno::ENOTDIR => Failure::UnsafeDir,
+            e => Failure::Errno(e),
+        };
+        err(
+            failure,
+            format!(
+                "open {}/{PROBE_DIR} (a symlink or not a directory?)",
+                path.display()
+            ),
+        )
+    })?;
+    let st = fstat(&fd).map_err(|e| err(Failure::Errno(e), "stat probe directory".into()))?;
+    let pst = fstat(&parent).map_err(|e| err(Failure::Errno(e), "stat target".into()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if st.st_uid != euid || st.st_mode & 0o022 != 0 {
+        return Err(err(
+            Failure::UnsafeDir,
+            format!(
+                "{}/{PROBE_DIR} is owned by uid {} with mode {:o}; it must belong to uid {euid} and not be writable by group or others",
+                path.display(),
+                st.st_uid,
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    if st.st_dev != pst.st_dev {
+        return Err(err(
+            Failure::MountChanged,
+            format!("{}/{PROBE_DIR} is a mount point of its own", path.display()),
+        ));
+    }
+    let direct_align = direct_alignment(&fd);
+    Ok(ProbeDir { fd, direct_align })
+}
+
+/// File names the agent owns in its directory; only these are ever removed.
+pub const OVERWRITE_FILE: &str = "overwrite.dat";
+pub const DIRECT_FILE: &str = "direct.dat";
+pub const REPLACE_FILE: &str = "replace.dat";
+pub const REPLACE_TEMP: &str = "replace.tmp";
+const CREATE_PREFIX: &str = "create.";
+
+fn is_own_name(name: &str) -> bool {
+    [OVERWRITE_FILE, DIRECT_FILE, REPLACE_FILE, REPLACE_TEMP].contains(&name)
+        || name
+            .strip_prefix(CREATE_PREFIX)
+            .map(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == '.'))
+            .unwrap_or(false)
+}
+
+impl ProbeDir {
+    /// Removes every file of ours in the directory (leftovers of an earlier run, or
+    /// ours at shutdown). `unlinkat` never follows symlinks; foreign names stay.
+    /// Returns how many were removed.
+    pub fn remove_own_files(&self) -> usize {
+        let Ok(dir) = nix::dir::Dir::openat(&self.fd, ".", DIR_FLAGS, FileMode::empty()) else {
+            return 0;
+        };
+        let names: Vec<String> = dir
+            .into_iter()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().ok().map(str::to_owned))
+            .filter(|n| is_own_name(n))
+            .collect();
+        names
+            .iter()
+            .filter(|n| unlinkat(&self.fd, n.as_str(), UnlinkatFlags::NoRemoveDir).is_ok())
+            .count()
+    }
+
+    /// Removes our files and then the directory itself if nothing else is in it.
+    pub fn remove_all(self, parent: &Path) {
+        self.remove_own_files();
+        drop(self);
+        if let Ok(p) = nix::fcntl::open(parent, DIR_FLAGS, FileMode::empty()) {
+            let _ = unlinkat(&p, PROBE_DIR, UnlinkatFlags::RemoveDir);
+        }
+    }
+}
+
+/// Settings of one cycle.
+pub struct CycleSpec {
+    pub size: u64,
+    pub sync: SyncKind,
+    /// Cycle number: varies the written bytes and the created names.
+    pub seq: u64,
+}
+
+/// The latencies of one mode's completed operations, in order.
+pub type Latencies = Vec<(Op, Duration)>;
+
+struct Timer<'a> {
+    mode: Mode,
+    obs: &'a dyn Observer,
+    done: Latencies,
+}
+
+impl Timer<'_> {
+    /// Times one system call. Failed calls are reported to the observer but not kept as
+    /// latencies.
+    fn run<T>(
+        &mut self,
+        op: Op,
+        context: impl FnOnce() -> String,
+        f: impl FnOnce() -> Result<T, Failure>,
+    ) -> Result<T, OpError> {
+        self.obs.begin(self.mode, op);
+        let t0 = Instant::now();
+        let r = f();
+        let elapsed = t0.elapsed();
+        self.obs
+            .end(self.mode, op, elapsed, r.as_ref().err().copied());
+        match r {
+            Ok(v) => {
+                if op != Op::Prepare {
+                    self.done.push((op, elapsed));
+                }
+                Ok(v)
+            }
+            Err(failure) => Err(OpError {
+                mode: self.mode,
+                op,
+                failure,
+                context: context(),
+            }),
+        }
+    }
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize, align: usize, fill: u8) -> AlignedBuf {
+        let layout = Layout::from_size_align(len.max(1), align.max(1)).expect("valid layout");
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: ptr is valid for len bytes.
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
+        AlignedBuf { ptr, layout }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: allocated and initialised for layout.size() bytes in new().
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in new().
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+fn errno(e: Errno) -> Failure {
+    Failure::Errno(e)
+}
+
+fn write_all_at(fd: &OwnedFd, buf: &[u8]) -> Result<(), Failure> {
+    let n = nix::sys::uio::pwrite(fd, buf, 0).map_err(errno)?;
+    if n != buf.len() {
+        return Err(Failure::ShortWrite);
+    }
+    Ok(())
+}
+
+const FILE_FLAGS: OFlag = OFlag::O_NOFOLLOW.union(OFlag::O_CLOEXEC);
+
+/// Opens (creating and preallocating if needed) a data file of at least `size` bytes.
+fn open_prealloc(
+    t: &mut Timer<'_>,
+    dir: &ProbeDir,
+    name: &'static str,
+    size: u64,
+    extra: OFlag,
+) -> Result<OwnedFd, OpError> {
+    let fd = t.run(
+        Op::Prepare,
+        || format!("open {name}"),
+        || {
+            let fd = openat(
+                &dir.fd,
+                name,
+                OFlag::O_WRONLY | OFlag::O_CREAT | FILE_FLAGS,
+                FileMode::S_IRUSR | FileMode::S_IWUSR,
+            )
+            .map_err(errno)?;
+            let st = fstat(&fd).map_err(errno)?;
+            if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG || st.st_nlink != 1 {
+                return Err(Failure::UnsafeDir);
+            }
+            if (st.st_size as u64) < size {
+                // Preallocate with real data: the timed writes then overwrite allocated
+                // blocks, as a database rewriting its pages does.
+                write_all_at(&fd, &vec![0u8; size as usize])?;
+                fsync(&fd).map_err(errno)?;
+            }
+            Ok(fd)
+        },
+    )?;
+    if extra.is_empty() {
+        return Ok(fd);
+    }
+    drop(fd);
+    t.run(
+        Op::Prepare,
+        || format!("open {name} with O_DIRECT|O_DSYNC"),
+        || {
+            openat(
+                &dir.fd,
+                name,
+                OFlag::O_WRONLY | FILE_FLAGS | extra,
+                FileMode::empty(),
+            )
+            .map_err(|e| match e {
+                Errno::EINVAL => Failure::Errno(Errno::EINVAL),
+                e => errno(e),
+            })
+        },
+    )
+}
+
+/// Runs one mode's operations in `dir`.
+pub fn run_mode(
+    mode: Mode,
+    dir: &ProbeDir,
+    spec: &CycleSpec,
+    obs: &dyn Observer,
+) -> Result<Latencies, OpError> {
+    let mut t = Timer {
+        mode,
+        obs,
+        done: Vec::with_capacity(5),
+    };
+    let fill = (spec.seq % 251) as u8 + 1;
+    match mode {
+        Mode::Create => {
+            let name = format!("{CREATE_PREFIX}{}.{}", std::process::id(), spec.seq);
+            let fd = t.run(
+                Op::Create,
+                || format!("create {name}"),
+                || {
+                    openat(
+                        &dir.fd,
+                        name.as_str(),
+                        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
+                        FileMode::S_IRUSR | FileMode::S_IWUSR,
+                    )
+                    .map_err(errno)
+                },
+            )?;
+            let closed = t.run(
+                Op::Close,
+                || format!("close {name}"),
+                || nix::unistd::close(fd).map_err(errno),
+            );
+            let unlinked = t.run(
+                Op::Unlink,
+                || format!("unlink {name}"),
+                || unlinkat(&dir.fd, name.as_str(), UnlinkatFlags::NoRemoveDir).map_err(errno),
+            );
+            closed.and(unlinked)?;
+        }
+        Mode::Overwrite => {
+            let fd = open_prealloc(&mut t, dir, OVERWRITE_FILE, spec.size, OFlag::empty())?;
+            let buf = vec![fill; spec.size as usize];
+            t.run(
+                Op::Write,
+                || format!("pwrite {} bytes to {OVERWRITE_FILE}", spec.size),
+                || write_all_at(&fd, &buf),
+            )?;
+            // One flush per descriptor, never retried: a second fsync after a failure
+            // would report success for pages the kernel already dropped.
+            match spec.sync {
+                SyncKind::Fsync => t.run(
+                    Op::Fsync,
+                    || format!("fsync {OVERWRITE_FILE}"),
+                    || fsync(&fd).map_err(errno),
+                )?,
+                SyncKind::Fdatasync => t.run(
+                    Op::Fdatasync,
+                    || format!("fdatasync {OVERWRITE_FILE}"),
+                    || fdatasync(&fd).map_err(errno),
+                )?,
+            }
+        }
+        Mode::Direct => {
+            let Some(align) = dir.direct_align else {
+                return Err(OpError {
+                    mode,
+                    op: Op::Prepare,
+                    failure: Failure::Errno(Errno::EINVAL),
+                    context: "the filesystem does not support O_DIRECT (statx reports no direct I/O alignment)".into(),
+                });
+            };
+            let size = spec.size.div_ceil(align) * align;
+            let fd = open_prealloc(
+                &mut t,
+                dir,
+                DIRECT_FILE,
+                size,
+                OFlag::O_DIRECT | OFlag::O_DSYNC,
+            )
+            .map_err(|mut e| {
+                if e.failure == Failure::Errno(Errno::EINVAL) {
+                    e.context = "the filesystem refuses O_DIRECT (EINVAL on open)".into();
+                }
+                e
+            })?;
+            let buf = AlignedBuf::new(size as usize, align.max(4096) as usize, fill);
+            t.run(
+                Op::Write,
+                || format!("O_DIRECT|O_DSYNC pwrite {size} bytes to {DIRECT_FILE}"),
+                || write_all_at(&fd, buf.as_slice()),
+            )?;
+        }
+        Mode::Replace => {
+            // A temp file left by an interrupted cycle would make O_EXCL fail forever.
+            let _ = unlinkat(&dir.fd, REPLACE_TEMP, UnlinkatFlags::NoRemoveDir);
+            let fd = t.run(
+                Op::Create,
+                || format!("create {REPLACE_TEMP}"),
+                || {
+                    openat(
+                        &dir.fd,
+                        REPLACE_TEMP,
+                        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
+                        FileMode::S_IRUSR | FileMode::S_IWUSR,
+                    )
+                    .map_err(errno)
+                },
+            )?;
+            let buf = vec![fill; spec.size as usize];
+            t.run(
+                Op::Write,
+                || format!("pwrite {} bytes to {REPLACE_TEMP}", spec.size),
+                || write_all_at(&fd, &buf),
+            )?;
+            t.run(
+                Op::Fsync,
+                || format!("fsync {REPLACE_TEMP}"),
+                || fsync(&fd).map_err(errno),
+            )?;
+            drop(fd);
+            t.run(
+                Op::Rename,
+                || format!("rename {REPLACE_TEMP} over {REPLACE_FILE}"),
+                || renameat(&dir.fd, REPLACE_TEMP, &dir.fd, REPLACE_FILE).map_err(errno),
+            )?;
+            t.run(
+                Op::Dirsync,
+                || format!("fsync {PROBE_DIR}"),
+                || fsync(&dir.fd).map_err(errno),
+            )?;
+        }
+    }
+    Ok(t.done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn spec(seq: u64) -> CycleSpec {
+        CycleSpec {
+            size: 4096,
+            sync: SyncKind::Fsync,
+            seq,
+        }
+    }
+
+    #[test]
+    fn create_and_overwrite_and_replace_on_a_real_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open_probe_dir(tmp.path(), None).unwrap();
+        let meta = std::fs::metadata(tmp.path().join(PROBE_DIR)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        let c = run_mode(Mode::Create, &dir, &spec(1), &NoObserver).unwrap();
+        assert_eq!(
+            c.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+            vec![Op::Create, Op::Close, Op::Unlink]
+        );
+        let o = run_mode(Mode::Overwrite, &dir, &spec(2), &NoObserver).unwrap();
+        assert_eq!(o.len(), 2);
+        let data = std::fs::read(tmp.path().join(PROBE_DIR).join(OVERWRITE_FILE)).unwrap();
+        assert_eq!(data.len(), 4096);
+        assert!(data.iter().all(|b| *b == 3));
+        let r = run_mode(Mode::Replace, &dir, &spec(3), &NoObserver).unwrap();
+        assert_eq!(r.len(), 5);
+        assert!(tmp.path().join(PROBE_DIR).join(REPLACE_FILE).exists());
+        assert!(!tmp.path().join(PROBE_DIR).join(REPLACE_TEMP).exists());
+        // Only our files exist; removal takes them and leaves foreign ones.
+        std::fs::write(tmp.path().join(PROBE_DIR).join("notes.txt"), b"x").unwrap();
+        std::fs::write(tmp.path().join(PROBE_DIR).join("create.77.5"), b"").unwrap();
+        assert_eq!(dir.remove_own_files(), 3);
+        assert!(tmp.path().join(PROBE_DIR).join("notes.txt").exists());
+    }
+
+    #[test]
+    fn symlinked_or_shared_probe_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), tmp.path().join(PROBE_DIR)).unwrap();
+        let e = open_probe_dir(tmp.path(), None).err().unwrap();
+        assert_eq!(e.failure, Failure::UnsafeDir);
+        std::fs::remove_file(tmp.path().join(PROBE_DIR)).unwrap();
+        std::fs::create_dir(tmp.path().join(PROBE_DIR)).unwrap();
+        std::fs::set_permissions(
+            tmp.path().join(PROBE_DIR),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        let e = open_probe_dir(tmp.path(), None).err().unwrap();
+        assert_eq!(e.failure, Failure::UnsafeDir);
+        assert!(e.to_string().contains("writable"));
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn symlinked_data_file_is_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open_probe_dir(tmp.path(), None).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, tmp.path().join(PROBE_DIR).join(OVERWRITE_FILE))
+            .unwrap();
+        let e = run_mode(Mode::Overwrite, &dir, &spec(1), &NoObserver).unwrap_err();
+        assert_eq!(e.failure, Failure::Errno(Errno::ELOOP));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn missing_target_is_an_errno() {
+        let e = open_probe_dir(Path::new("/nonexistent/stallwatch"), None)
+            .err()
+            .unwrap();
+        assert_eq!(e.failure, Failure::Errno(Errno::ENOENT));
+    }
+
+    #[test]
+    fn own_names() {
+        assert!(is_own_name("create.12.3"));
+        assert!(is_own_name(OVERWRITE_FILE));
+        assert!(!is_own_name("create."));
+        assert!(!is_own_name("create.x"));
+        assert!(!is_own_name("data.db"));
+    }
+}

@@ -1,0 +1,1384 @@
+//! Shared integration-test harness.
+//!
+//! Used by the test binaries through `mod common;`. Each binary uses a subset of it,
+//! hence the module-wide `dead_code` allowance.
+//!
+//! * [`require_root`]: gate for tests that need root; never lets them pass silently.
+//! * [`LoopFs`]: a scratch filesystem on a loop device inside a temporary directory,
+//!   with freeze / throttle / shutdown / read-only / unmount / fill helpers and a `Drop`
+//!   that undoes all of it (thaw, unthrottle, umount, `losetup -d`, delete) on every
+//!   exit path, panics included.
+//! * [`Agent`]: the real `stallwatch` binary, started on a temporary config with
+//!   `--web.listen-address 127.0.0.1:0`, its log captured, plus an HTTP client.
+//! * [`Metrics`]: a parsed Prometheus text exposition.
+//! * [`wait_until`]: bounded polling.
+//!
+//! Ordering advice: declare the `Agent` *after* the `LoopFs` it probes, so the agent is
+//! killed first and the filesystem torn down afterwards. Either order is safe: an agent
+//! blocked in a frozen filesystem cannot die before the thaw, so `Agent::drop` waits a
+//! bounded time and then leaves the reaping to a background thread.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+// ---------------------------------------------------------------------------------------
+// Root gate
+// ---------------------------------------------------------------------------------------
+
+/// Environment variable that turns "needs root" from a failure into an explicit skip.
+pub const SKIP_ROOT_ENV: &str = "STALLWATCH_SKIP_ROOT_TESTS";
+
+/// The effective uid of this process (the owner of `/proc/self`; `id -u` as fallback).
+pub fn euid() -> u32 {
+    if let Ok(meta) = std::fs::metadata("/proc/self") {
+        return meta.uid();
+    }
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .expect("cannot read euid: /proc/self unavailable and `id -u` failed");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("`id -u` printed no number")
+}
+
+/// Returns true when the test may go on as root. Without root it panics, unless
+/// `STALLWATCH_SKIP_ROOT_TESTS=1` is set: then it prints a loud SKIPPED line and returns
+/// false (the test must then `return`). Root tests never pass silently.
+///
+/// ```ignore
+/// if !common::require_root("freeze_blocks_create") { return; }
+/// ```
+pub fn require_root(test: &str) -> bool {
+    if euid() == 0 {
+        return true;
+    }
+    if std::env::var(SKIP_ROOT_ENV).as_deref() == Ok("1") {
+        eprintln!("**************************************************************");
+        eprintln!("SKIPPED (needs root): {test}");
+        eprintln!("**************************************************************");
+        return false;
+    }
+    panic!(
+        "test `{test}` needs root (loop devices, mount, fsfreeze, blkio throttling); \
+         run it as root, or set {SKIP_ROOT_ENV}=1 to skip root tests explicitly"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands
+// ---------------------------------------------------------------------------------------
+
+/// Default time limit for one external command.
+pub const CMD_TIMEOUT_SECS: u64 = 60;
+
+fn describe(prog: &str, args: &[&str]) -> String {
+    let mut s = prog.to_string();
+    for a in args {
+        s.push(' ');
+        s.push_str(a);
+    }
+    s
+}
+
+/// Runs `timeout -k 5 SECS prog args...`; returns stdout on success, or an error that
+/// names the command, its exit status and its stderr.
+pub fn run_cmd_timeout(secs: u64, prog: &str, args: &[&str]) -> Result<String, String> {
+    let what = describe(prog, args);
+    let out = Command::new("timeout")
+        .arg("-k")
+        .arg("5")
+        .arg(secs.to_string())
+        .arg(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("`{what}`: cannot start `timeout`: {e}"))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let why = match out.status.code() {
+        Some(124) | Some(137) => format!("timed out after {secs}s"),
+        _ => format!("failed ({})", out.status),
+    };
+    Err(format!(
+        "`{what}` {why}; stderr: {:?}; stdout: {:?}",
+        stderr.trim(),
+        stdout.trim()
+    ))
+}
+
+/// [`run_cmd_timeout`] with the default limit.
+pub fn run_cmd(prog: &str, args: &[&str]) -> Result<String, String> {
+    run_cmd_timeout(CMD_TIMEOUT_SECS, prog, args)
+}
+
+/// [`run_cmd`], panicking with the command's stderr on failure.
+pub fn run(prog: &str, args: &[&str]) -> String {
+    run_cmd(prog, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Mount table
+// ---------------------------------------------------------------------------------------
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    /// "MAJ:MIN" of the superblock (anonymous for btrfs).
+    pub maj_min: String,
+    pub mount_point: PathBuf,
+    /// Per-mount options (`rw,relatime`, ...).
+    pub mount_options: String,
+    pub fstype: String,
+    /// Mount source, e.g. `/dev/loop3`.
+    pub source: String,
+    /// Superblock options (`rw`, `ro`, `emergency_ro`, ...).
+    pub super_options: String,
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    // Octal escapes: \040 space, \011 tab, \012 newline, \134 backslash.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// All entries of `/proc/self/mountinfo`, in order (later entries stack on earlier ones).
+pub fn mountinfo() -> Vec<MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        if pre.len() < 6 || post.len() < 3 {
+            continue;
+        }
+        v.push(MountEntry {
+            maj_min: pre[2].to_string(),
+            mount_point: PathBuf::from(unescape_mountinfo(pre[4])),
+            mount_options: pre[5].to_string(),
+            fstype: post[0].to_string(),
+            source: unescape_mountinfo(post[1]),
+            super_options: post[2].to_string(),
+        });
+    }
+    v
+}
+
+/// The topmost mount whose mount point is exactly `path`, if any.
+pub fn mounted_at(path: &Path) -> Option<MountEntry> {
+    mountinfo().into_iter().rfind(|m| m.mount_point == path)
+}
+
+/// True when anything is mounted at `path` or below it.
+pub fn any_mount_under(path: &Path) -> bool {
+    mountinfo().iter().any(|m| m.mount_point.starts_with(path))
+}
+
+/// Output of `losetup -a` (one line per attached loop device, naming its backing file).
+pub fn losetup_list() -> String {
+    run("losetup", &["-a"])
+}
+
+// ---------------------------------------------------------------------------------------
+// LoopFs
+// ---------------------------------------------------------------------------------------
+
+const BLKIO_WRITE_BPS: &str = "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device";
+const FILL_FILE: &str = "stallwatch-test-fill";
+
+/// A scratch filesystem on a loop device, mounted at `TEMPDIR/mnt`.
+///
+/// Every dangerous operation (freeze, shutdown, fill, remount) first checks in
+/// `/proc/self/mountinfo` that the mount point really carries this guard's loop device,
+/// so it can never hit the parent filesystem. `Drop` thaws, removes the throttle,
+/// unmounts (retries, then `umount -l`), detaches the loop device, unmounts the backing
+/// tmpfs (if any) and deletes the temporary directory, in that order.
+pub struct LoopFs {
+    fstype: String,
+    dev: String,
+    maj_min: String,
+    mnt: PathBuf,
+    image: PathBuf,
+    root: PathBuf,
+    backing: Option<PathBuf>,
+    // State, for Drop.
+    backing_mounted: bool,
+    attached: bool,
+    mounted: bool,
+    frozen: bool,
+    throttled: bool,
+    read_only: bool,
+    dir: Option<TempDir>,
+}
+
+impl LoopFs {
+    /// Sparse image of `size_mib` MiB in a fresh temporary directory, attached with
+    /// `losetup -f --show`, formatted (`"xfs"`, `"ext4"` or `"btrfs"`) and mounted.
+    /// Note: mkfs.xfs refuses filesystems below 300 MiB; btrfs wants ≳ 128 MiB.
+    pub fn new(fstype: &str, size_mib: u64) -> LoopFs {
+        let mut fs = LoopFs::blank(fstype);
+        let image = fs.root.join("image");
+        fs.setup(image, size_mib);
+        fs
+    }
+
+    /// Like [`LoopFs::new`], but the image file lives on a tmpfs of `tmpfs_mib` MiB that
+    /// the guard mounts inside its temporary directory. With an image larger than the
+    /// tmpfs (e.g. ext4: 40 MiB image on 24 MiB tmpfs), writeback into the filesystem
+    /// fails with EIO once the tmpfs is full. For xfs the tmpfs must hold the zeroed log
+    /// (≈ 65 MiB for a 320 MiB image), e.g. 320 MiB image on a 96 MiB tmpfs.
+    pub fn on_tmpfs_backing(fstype: &str, image_mib: u64, tmpfs_mib: u64) -> LoopFs {
+        let mut fs = LoopFs::blank(fstype);
+        let backing = fs.root.join("backing");
+        std::fs::create_dir(&backing).expect("mkdir backing");
+        let opt = format!("size={tmpfs_mib}M,mode=0700");
+        run("mount", &["-t", "tmpfs", "-o", &opt, "tmpfs", p(&backing)]);
+        fs.backing_mounted = true;
+        fs.backing = Some(backing.clone());
+        fs.setup(backing.join("image"), image_mib);
+        fs
+    }
+
+    fn blank(fstype: &str) -> LoopFs {
+        assert!(
+            matches!(fstype, "xfs" | "ext4" | "btrfs"),
+            "LoopFs: unsupported fstype {fstype:?} (xfs, ext4, btrfs)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("stallwatch-loopfs-")
+            .tempdir()
+            .expect("create tempdir");
+        let root = dir.path().to_path_buf();
+        LoopFs {
+            fstype: fstype.to_string(),
+            dev: String::new(),
+            maj_min: String::new(),
+            mnt: root.join("mnt"),
+            image: PathBuf::new(),
+            root,
+            backing: None,
+            backing_mounted: false,
+            attached: false,
+            mounted: false,
+            frozen: false,
+            throttled: false,
+            read_only: false,
+            dir: Some(dir),
+        }
+    }
+
+    // Any panic in here drops the half-built guard, which undoes what was done so far.
+    fn setup(&mut self, image: PathBuf, size_mib: u64) {
+        self.image = image;
+        run("truncate", &["-s", &format!("{size_mib}M"), p(&self.image)]);
+        let dev = run("losetup", &["-f", "--show", p(&self.image)])
+            .trim()
+            .to_string();
+        assert!(
+            dev.starts_with("/dev/loop"),
+            "losetup -f --show printed {dev:?}"
+        );
+        self.dev = dev;
+        self.attached = true;
+        self.maj_min = run("lsblk", &["-dno", "MAJ:MIN", &self.dev])
+            .trim()
+            .to_string();
+        assert!(
+            valid_maj_min(&self.maj_min),
+            "lsblk gave MAJ:MIN {:?} for {}",
+            self.maj_min,
+            self.dev
+        );
+        match self.fstype.as_str() {
+            "xfs" => run("mkfs.xfs", &["-q", "-f", &self.dev]),
+            "ext4" => run("mkfs.ext4", &["-q", "-F", &self.dev]),
+            "btrfs" => run("mkfs.btrfs", &["-q", "-f", &self.dev]),
+            _ => unreachable!(),
+        };
+        std::fs::create_dir(&self.mnt).expect("mkdir mnt");
+        self.mount_again();
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    /// The loop device, e.g. `/dev/loop3`.
+    pub fn dev(&self) -> &str {
+        &self.dev
+    }
+
+    /// The loop device's `MAJ:MIN` (from `lsblk -no MAJ:MIN`).
+    pub fn maj_min(&self) -> String {
+        self.maj_min.clone()
+    }
+
+    pub fn fstype(&self) -> &str {
+        &self.fstype
+    }
+
+    /// The backing image file.
+    pub fn image(&self) -> &Path {
+        &self.image
+    }
+
+    /// The guard's temporary directory (holds `mnt/`, the image, `backing/`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        self.mounted
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    pub fn is_throttled(&self) -> bool {
+        self.throttled
+    }
+
+    /// Panics unless our loop device is what is mounted at our mount point right now.
+    fn ensure_ours(&self, what: &str) {
+        assert!(self.mounted, "LoopFs::{what}: filesystem is not mounted");
+        let m = mounted_at(&self.mnt);
+        match m {
+            Some(ref m) if m.source == self.dev => {}
+            other => panic!(
+                "LoopFs::{what}: refusing, {} is not the mount of {} (mountinfo: {:?})",
+                self.mnt.display(),
+                self.dev,
+                other
+            ),
+        }
+    }
+
+    /// `fsfreeze -f` the mount: create, write and unlink block until [`LoopFs::thaw`].
+    pub fn freeze(&mut self) {
+        self.ensure_ours("freeze");
+        assert!(!self.frozen, "LoopFs::freeze: already frozen");
+        // Set the flag first: if fsfreeze times out it may still have frozen it.
+        self.frozen = true;
+        run("fsfreeze", &["-f", p(&self.mnt)]);
+    }
+
+    /// `fsfreeze -u` the mount.
+    pub fn thaw(&mut self) {
+        assert!(self.frozen, "LoopFs::thaw: not frozen");
+        run("fsfreeze", &["-u", p(&self.mnt)]);
+        self.frozen = false;
+    }
+
+    /// Limit writes to the loop device to `bps` bytes/s (cgroup-v1 blkio, root cgroup).
+    pub fn throttle_write_bps(&mut self, bps: u64) {
+        assert!(bps > 0, "use unthrottle() to remove the limit");
+        assert!(self.attached);
+        self.throttled = true;
+        write_blkio(&format!("{} {bps}", self.maj_min)).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Remove the write limit.
+    pub fn unthrottle(&mut self) {
+        write_blkio(&format!("{} 0", self.maj_min)).unwrap_or_else(|e| panic!("{e}"));
+        self.throttled = false;
+    }
+
+    /// `xfs_io -x -c shutdown`: the filesystem answers EIO from now on (until unmounted).
+    pub fn shutdown(&mut self) {
+        self.ensure_ours("shutdown");
+        assert!(!self.frozen, "LoopFs::shutdown: thaw first");
+        run("xfs_io", &["-x", "-c", "shutdown", p(&self.mnt)]);
+    }
+
+    /// `mount -o remount,ro`.
+    pub fn remount_ro(&mut self) {
+        self.ensure_ours("remount_ro");
+        assert!(!self.frozen, "LoopFs::remount_ro: thaw first");
+        run("mount", &["-o", "remount,ro", p(&self.mnt)]);
+        self.read_only = true;
+    }
+
+    /// `mount -o remount,rw`.
+    pub fn remount_rw(&mut self) {
+        self.ensure_ours("remount_rw");
+        run("mount", &["-o", "remount,rw", p(&self.mnt)]);
+        self.read_only = false;
+    }
+
+    /// Unmount: the mount point becomes a plain (empty) directory on the parent
+    /// filesystem. Panics if frozen (thaw first) or on failure (e.g. EBUSY).
+    pub fn umount(&mut self) {
+        self.ensure_ours("umount");
+        assert!(!self.frozen, "LoopFs::umount: thaw first");
+        run("umount", &[p(&self.mnt)]);
+        self.mounted = false;
+        self.read_only = false;
+    }
+
+    /// Mount the loop device at the mount point again.
+    pub fn mount_again(&mut self) {
+        assert!(!self.mounted, "LoopFs::mount_again: already mounted");
+        assert!(self.attached);
+        run("mount", &["-t", &self.fstype, &self.dev, p(&self.mnt)]);
+        self.mounted = true;
+        self.read_only = false;
+        self.ensure_ours("mount_again");
+    }
+
+    /// Path of the file [`LoopFs::fill`] writes.
+    pub fn fill_path(&self) -> PathBuf {
+        self.mnt.join(FILL_FILE)
+    }
+
+    /// Fill the filesystem with one file until ENOSPC (`dd` failing is expected), then
+    /// `sync -f` the filesystem. Keep such images small.
+    pub fn fill(&mut self) {
+        self.ensure_ours("fill");
+        assert!(!self.frozen, "LoopFs::fill: thaw first");
+        let of = format!("of={}", self.fill_path().display());
+        // dd ends with ENOSPC, i.e. with a failure status: expected, ignored.
+        let _ = run_cmd_timeout(300, "dd", &["if=/dev/zero", &of, "bs=1M"]);
+        let _ = run_cmd_timeout(300, "sync", &["-f", p(&self.mnt)]);
+    }
+
+    /// Remove the fill file and `sync -f` the filesystem.
+    pub fn free_fill(&mut self) {
+        self.ensure_ours("free_fill");
+        match std::fs::remove_file(self.fill_path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("LoopFs::free_fill: {e}"),
+        }
+        run_cmd_timeout(300, "sync", &["-f", p(&self.mnt)]).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn cleanup(&mut self) {
+        let mut leak = false;
+        if self.frozen {
+            match run_cmd("fsfreeze", &["-u", p(&self.mnt)]) {
+                Ok(_) => self.frozen = false,
+                Err(e) => {
+                    // EINVAL: it was not frozen after all (e.g. fsfreeze -f timed out).
+                    if e.contains("Invalid argument") {
+                        self.frozen = false;
+                    } else {
+                        eprintln!("LoopFs drop: thaw of {} failed: {e}", self.mnt.display());
+                    }
+                }
+            }
+        }
+        if self.throttled {
+            match write_blkio(&format!("{} 0", self.maj_min)) {
+                Ok(()) => self.throttled = false,
+                Err(e) => eprintln!("LoopFs drop: {e}"),
+            }
+        }
+        if self.frozen {
+            // Unmounting or deleting inside a frozen filesystem would hang: leak it.
+            eprintln!(
+                "LoopFs drop: {} is STILL FROZEN; leaving mount, {} and {} in place",
+                self.mnt.display(),
+                self.dev,
+                self.root.display()
+            );
+            leak = true;
+        } else {
+            if self.mounted {
+                if umount_retry(&self.mnt, &self.dev) {
+                    self.mounted = false;
+                } else {
+                    leak = true;
+                }
+            }
+            if self.attached && !leak {
+                let mut last = String::new();
+                for i in 0..10 {
+                    match run_cmd("losetup", &["-d", &self.dev]) {
+                        Ok(_) => {
+                            self.attached = false;
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                    thread::sleep(Duration::from_millis(100 * (i + 1)));
+                }
+                if self.attached {
+                    eprintln!("LoopFs drop: losetup -d {} failed: {last}", self.dev);
+                }
+            }
+            if self.backing_mounted && !leak {
+                let backing = self.backing.clone().expect("backing path");
+                // The loop device may still hold the image (autoclear after a lazy
+                // umount); a lazy umount of the tmpfs is fine then.
+                if umount_retry(&backing, "tmpfs") {
+                    self.backing_mounted = false;
+                } else {
+                    leak = true;
+                }
+            }
+        }
+        if let Some(dir) = self.dir.take() {
+            if leak {
+                let kept = dir.keep();
+                eprintln!("LoopFs drop: leaked {}", kept.display());
+            } else {
+                if let Err(e) = dir.close() {
+                    eprintln!("LoopFs drop: removing {}: {e}", self.root.display());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+impl std::fmt::Debug for LoopFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopFs")
+            .field("fstype", &self.fstype)
+            .field("dev", &self.dev)
+            .field("mnt", &self.mnt)
+            .field("mounted", &self.mounted)
+            .field("frozen", &self.frozen)
+            .field("throttled", &self.throttled)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("non-UTF-8 path")
+}
+
+fn valid_maj_min(s: &str) -> bool {
+    match s.split_once(':') {
+        Some((a, b)) => {
+            !a.is_empty()
+                && !b.is_empty()
+                && a.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+fn write_blkio(line: &str) -> Result<(), String> {
+    std::fs::write(BLKIO_WRITE_BPS, format!("{line}\n"))
+        .map_err(|e| format!("writing {line:?} to {BLKIO_WRITE_BPS}: {e}"))
+}
+
+/// Unmount `mnt` if `source` is mounted there: a few tries with short sleeps, then
+/// `umount -l`. Returns true when it is no longer mounted there.
+fn umount_retry(mnt: &Path, source: &str) -> bool {
+    let ours = || mounted_at(mnt).is_some_and(|m| m.source == source);
+    let mut last = String::new();
+    for i in 0..6 {
+        if !ours() {
+            return true;
+        }
+        match run_cmd("umount", &[p(mnt)]) {
+            Ok(_) => return true,
+            Err(e) => last = e,
+        }
+        thread::sleep(Duration::from_millis(100 * (i + 1)));
+    }
+    eprintln!(
+        "LoopFs drop: umount {} keeps failing ({last}); lazy unmount",
+        mnt.display()
+    );
+    match run_cmd("umount", &["-l", p(mnt)]) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("LoopFs drop: umount -l {} failed: {e}", mnt.display());
+            !ours()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Agent
+// ---------------------------------------------------------------------------------------
+
+/// Path of the binary under test.
+pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_stallwatch");
+
+/// How long [`Agent::start`] waits for `listening on ADDR`.
+pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A raw HTTP response (see [`Agent::get_raw`]): headers as sent, body not decoded
+/// (apart from chunked transfer encoding).
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub status: u16,
+    /// Header names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub elapsed: Duration,
+}
+
+impl RawResponse {
+    /// First header of that name (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The running `stallwatch` binary. Killed (SIGKILL) and reaped on drop.
+pub struct Agent {
+    child: Option<Child>,
+    exited: Option<ExitStatus>,
+    pid: u32,
+    addr: String,
+    logs: Arc<Mutex<Vec<String>>>,
+    http: ureq::Agent,
+    config_path: PathBuf,
+    _dir: TempDir,
+}
+
+impl Agent {
+    /// Start the agent with `config_yaml` (written to a temp file, passed as `--config`)
+    /// and `--web.listen-address 127.0.0.1:0`; waits up to 15 s for `listening on ADDR`.
+    pub fn start(config_yaml: &str) -> Agent {
+        Agent::start_with_args(config_yaml, &[])
+    }
+
+    /// Like [`Agent::start`], with extra command-line arguments. An extra
+    /// `--web.listen-address` or `--config` replaces the harness's own.
+    pub fn start_with_args(config_yaml: &str, extra_args: &[&str]) -> Agent {
+        let dir = tempfile::Builder::new()
+            .prefix("stallwatch-agent-")
+            .tempdir()
+            .expect("create tempdir");
+        let config_path = dir.path().join("config.yaml");
+        std::fs::write(&config_path, config_yaml).expect("write config");
+
+        let has = |flag: &str| {
+            extra_args
+                .iter()
+                .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        let mut cmd = Command::new(AGENT_BIN);
+        if !has("--config") {
+            cmd.arg("--config").arg(&config_path);
+        }
+        if !has("--web.listen-address") {
+            cmd.arg("--web.listen-address").arg("127.0.0.1:0");
+        }
+        cmd.args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        eprintln!("[harness] starting {cmd:?}");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {AGENT_BIN}: {e}"));
+        let pid = child.id();
+
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr pipe");
+        let stdout = child.stdout.take().expect("stdout pipe");
+        spawn_log_reader(stderr, "[agent] ", logs.clone());
+        spawn_log_reader(stdout, "[agent:stdout] ", logs.clone());
+
+        let http_config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_global(Some(Duration::from_secs(10)))
+            .proxy(None)
+            .accept_encoding(ureq::config::AutoHeaderValue::None)
+            .build();
+
+        let mut agent = Agent {
+            child: Some(child),
+            exited: None,
+            pid,
+            addr: String::new(),
+            logs,
+            http: http_config.into(),
+            config_path,
+            _dir: dir,
+        };
+
+        let deadline = Instant::now() + AGENT_START_TIMEOUT;
+        loop {
+            if let Some(addr) = agent.logs().iter().find_map(|l| parse_listening(l)) {
+                agent.addr = addr;
+                break;
+            }
+            if let Some(status) = agent.try_wait() {
+                // Give the readers a moment to collect the last lines.
+                thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "agent exited ({status}) before logging `listening on`; log:\n{}",
+                    agent.logs().join("\n")
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "agent did not log `listening on ADDR` within {AGENT_START_TIMEOUT:?}; log:\n{}",
+                    agent.logs().join("\n")
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    /// The bound address, e.g. `127.0.0.1:40111`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// `http://ADDR{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// GET with optional request headers; non-2xx statuses are responses, not errors.
+    /// Err on transport failure (refused, timeout). Response body as text (lossy UTF-8;
+    /// gzip bodies are decoded when the server sends them).
+    pub fn try_get_with(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, String, Duration), String> {
+        let url = self.url(path);
+        let start = Instant::now();
+        let mut req = self.http.get(&url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .read_to_vec()
+            .map_err(|e| format!("GET {url}: reading body: {e}"))?;
+        Ok((
+            status,
+            String::from_utf8_lossy(&body).into_owned(),
+            start.elapsed(),
+        ))
+    }
+
+    /// GET; Err on transport failure.
+    pub fn try_get(&self, path: &str) -> Result<(u16, String, Duration), String> {
+        self.try_get_with(path, &[])
+    }
+
+    /// GET → (status, body, elapsed). Panics on transport failure, with the agent's log.
+    pub fn get(&self, path: &str) -> (u16, String, Duration) {
+        self.try_get(path).unwrap_or_else(|e| {
+            panic!("{e}; agent log tail:\n{}", self.log_tail(40));
+        })
+    }
+
+    /// A hand-rolled HTTP/1.1 GET over a plain TCP stream: headers exactly as the agent
+    /// sent them, body undecoded (e.g. still gzip), chunked transfer decoded. For
+    /// checking `Content-Encoding` and friends.
+    pub fn get_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<RawResponse, String> {
+        let start = Instant::now();
+        let mut s = TcpStream::connect(&self.addr).map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        s.set_write_timeout(Some(Duration::from_secs(10))).ok();
+        let mut req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.addr
+        );
+        for (k, v) in headers {
+            let _ = write!(req, "{k}: {v}\r\n");
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes())
+            .map_err(|e| format!("write: {e}"))?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
+        let elapsed = start.elapsed();
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or("no end of headers")?;
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut body = raw[split + 4..].to_vec();
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+        let mut hs = Vec::new();
+        for l in lines {
+            if let Some((k, v)) = l.split_once(':') {
+                hs.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        let chunked = hs
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+        if chunked {
+            body = dechunk(&body)?;
+        }
+        Ok(RawResponse {
+            status,
+            headers: hs,
+            body,
+            elapsed,
+        })
+    }
+
+    /// GET /metrics, expect 200, parse.
+    pub fn scrape(&self) -> Metrics {
+        self.scrape_path("/metrics")
+    }
+
+    /// GET `path` (a custom `telemetry_path`), expect 200, parse.
+    pub fn scrape_path(&self, path: &str) -> Metrics {
+        let (status, body, _) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: status {status}, body:\n{body}");
+        Metrics::parse(&body).unwrap_or_else(|e| panic!("GET {path}: {e}\nbody:\n{body}"))
+    }
+
+    /// All log lines so far (stderr and stdout, ANSI colours stripped).
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// The last `n` log lines, joined.
+    pub fn log_tail(&self, n: usize) -> String {
+        let logs = self.logs.lock().unwrap();
+        let from = logs.len().saturating_sub(n);
+        logs[from..].join("\n")
+    }
+
+    /// Wait up to `timeout` for a log line containing `substr`.
+    pub fn wait_log(&self, substr: &str, timeout: Duration) -> bool {
+        wait_until(timeout, Duration::from_millis(20), || {
+            self.logs.lock().unwrap().iter().any(|l| l.contains(substr))
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `Threads:` of /proc/PID/status.
+    pub fn thread_count(&self) -> usize {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .unwrap_or_else(|e| panic!("read /proc/{}/status: {e}", self.pid));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("no Threads: line")
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(st)) = child.try_wait() {
+                    self.exited = Some(st);
+                }
+            }
+        }
+        self.exited
+    }
+
+    /// True while the child has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.try_wait().is_none()
+    }
+
+    /// `kill -s SIG PID` to our own child (e.g. `"TERM"`, `"INT"`, `"HUP"`). Returns
+    /// false, sending nothing, when the child already exited (it is reaped here, so its
+    /// pid can never have been reused while we hold it unreaped).
+    pub fn signal(&mut self, sig: &str) -> bool {
+        if self.try_wait().is_some() {
+            return false;
+        }
+        run("kill", &["-s", sig, &self.pid.to_string()]);
+        true
+    }
+
+    /// Wait up to `timeout` for the child to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.try_wait().is_some() {
+            return;
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill(); // SIGKILL; the child is unreaped, so the pid is ours.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        // Blocked in the kernel (e.g. a frozen filesystem): it dies at the thaw.
+        eprintln!(
+            "[harness] agent pid {} survives SIGKILL (blocked in the kernel?); reaping in background",
+            self.pid
+        );
+        thread::spawn(move || {
+            let _ = child.wait();
+        });
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            // CSI: parameters and intermediates, then a final byte in @..~
+            for c2 in chars.by_ref() {
+                if ('@'..='~').contains(&c2) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn spawn_log_reader(
+    pipe: impl Read + Send + 'static,
+    prefix: &'static str,
+    logs: Arc<Mutex<Vec<String>>>,
+) {
+    thread::spawn(move || {
+        let mut r = BufReader::new(pipe);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf);
+                    let line = strip_ansi(line.trim_end_matches(['\n', '\r']));
+                    eprintln!("{prefix}{line}");
+                    logs.lock().unwrap().push(line);
+                }
+            }
+        }
+    });
+}
+
+/// Address token after `listening on ` in a log line (plain, logfmt or JSON): ends at
+/// whitespace or a double quote; an `http://` prefix and trailing `,`/`.` are dropped.
+pub fn parse_listening(line: &str) -> Option<String> {
+    let idx = line.find("listening on ")?;
+    let rest = &line[idx + "listening on ".len()..];
+    let tok: String = rest
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != '"' && *c != '\\')
+        .collect();
+    let tok = tok.strip_prefix("http://").unwrap_or(&tok);
+    let tok = tok.trim_end_matches([',', '.', '/']);
+    if tok.is_empty() || !tok.contains(':') {
+        return None;
+    }
+    Some(tok.to_string())
+}
+
+fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("chunked: no size line")?;
+        let size_line = String::from_utf8_lossy(&b[..eol]);
+        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|e| format!("chunked: bad size {size_hex:?}: {e}"))?;
+        b = &b[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if b.len() < size + 2 {
+            return Err("chunked: truncated chunk".into());
+        }
+        out.extend_from_slice(&b[..size]);
+        b = &b[size + 2..];
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------------------
+
+/// One sample line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A parsed Prometheus text exposition (format 0.0.4).
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    /// The text as received.
+    pub text: String,
+    samples: Vec<Sample>,
+    types: BTreeMap<String, String>,
+    helps: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    /// Parse; Err names the offending line.
+    pub fn parse(text: &str) -> Result<Metrics, String> {
+        let mut m = Metrics {
+            text: text.to_string(),
+            ..Default::default()
+        };
+        for (no, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            let err = |e: String| format!("line {}: {e}: {raw:?}", no + 1);
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(c) = line.strip_prefix('#') {
+                let c = c.trim_start();
+                if let Some(rest) = c.strip_prefix("HELP ") {
+                    let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                    m.helps
+                        .insert(name.to_string(), unescape_help(help.trim_start()));
+                } else if let Some(rest) = c.strip_prefix("TYPE ") {
+                    let mut it = rest.split_whitespace();
+                    let (Some(name), Some(t)) = (it.next(), it.next()) else {
+                        return Err(err("TYPE line without a type".into()));
+                    };
+                    m.types.insert(name.to_string(), t.to_string());
+                }
+                continue;
+            }
+            m.samples.push(parse_sample(line).map_err(err)?);
+        }
+        Ok(m)
+    }
+
+    /// All samples, in exposition order.
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples.iter().filter(move |s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+    }
+
+    /// Value of the one series named exactly `name` whose labels include `labels`.
+    /// None when there is none; panics when several match (use `sum` or `series`).
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let found: Vec<&Sample> = self.matching(name, labels).collect();
+        match found.len() {
+            0 => None,
+            1 => Some(found[0].value),
+            _ => panic!(
+                "Metrics::get({name}, {labels:?}) is ambiguous, {} series match: {:?}",
+                found.len(),
+                found.iter().map(|s| &s.labels).collect::<Vec<_>>()
+            ),
+        }
+    }
+
+    /// Sum over all series named `name` whose labels include `labels` (0 when none).
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).map(|s| s.value).sum()
+    }
+
+    /// How many series named `name` have labels including `labels`.
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        self.matching(name, labels).count()
+    }
+
+    /// All series named exactly `name`.
+    pub fn series(&self, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| (s.labels.clone(), s.value))
+            .collect()
+    }
+
+    /// True when a sample named exactly `name` exists, or a `# TYPE` declares the
+    /// family `name` (e.g. a histogram's base name) and it has samples.
+    pub fn has(&self, name: &str) -> bool {
+        if self.samples.iter().any(|s| s.name == name) {
+            return true;
+        }
+        self.types.contains_key(name)
+            && self.samples.iter().any(|s| {
+                s.name.strip_prefix(name).is_some_and(|suf| {
+                    ["_bucket", "_sum", "_count", "_total", "_created"].contains(&suf)
+                })
+            })
+    }
+
+    /// `# TYPE` of a family.
+    pub fn type_of(&self, family: &str) -> Option<&str> {
+        self.types.get(family).map(String::as_str)
+    }
+
+    /// `# HELP` of a family (unescaped).
+    pub fn help(&self, family: &str) -> Option<&str> {
+        self.helps.get(family).map(String::as_str)
+    }
+
+    /// Distinct sample names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.samples.iter().map(|s| s.name.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+fn unescape_help(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some('n') => out.push('\n'),
+                Some('\\') => out.push('\\'),
+                Some(o) => {
+                    out.push('\\');
+                    out.push(o);
+                }
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn is_name_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_' || c == ':'
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+}
+
+fn parse_value(s: &str) -> Result<f64, String> {
+    match s {
+        "+Inf" | "Inf" | "+inf" | "inf" => Ok(f64::INFINITY),
+        "-Inf" | "-inf" => Ok(f64::NEG_INFINITY),
+        "NaN" | "nan" => Ok(f64::NAN),
+        _ => s
+            .parse::<f64>()
+            .map_err(|e| format!("bad value {s:?}: {e}")),
+    }
+}
+
+fn parse_sample(line: &str) -> Result<Sample, String> {
+    let chars: Vec<char> = line.chars().collect();
+    let mut i = 0;
+    let n = chars.len();
+    if i >= n || !is_name_start(chars[i]) {
+        return Err("bad metric name".into());
+    }
+    while i < n && is_name_char(chars[i]) {
+        i += 1;
+    }
+    let name: String = chars[..i].iter().collect();
+    let skip_ws = |i: &mut usize| {
+        while *i < n && (chars[*i] == ' ' || chars[*i] == '\t') {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    let mut labels = BTreeMap::new();
+    if i < n && chars[i] == '{' {
+        i += 1;
+        loop {
+            skip_ws(&mut i);
+            if i >= n {
+                return Err("unterminated label set".into());
+            }
+            if chars[i] == '}' {
+                i += 1;
+                break;
+            }
+            let start = i;
+            if !is_name_start(chars[i]) || chars[i] == ':' {
+                return Err(format!("bad label name at column {}", i + 1));
+            }
+            while i < n && is_name_char(chars[i]) && chars[i] != ':' {
+                i += 1;
+            }
+            let lname: String = chars[start..i].iter().collect();
+            skip_ws(&mut i);
+            if i >= n || chars[i] != '=' {
+                return Err(format!("expected '=' after label {lname}"));
+            }
+            i += 1;
+            skip_ws(&mut i);
+            if i >= n || chars[i] != '"' {
+                return Err(format!("expected '\"' for label {lname}"));
+            }
+            i += 1;
+            let mut val = String::new();
+            loop {
+                if i >= n {
+                    return Err(format!("unterminated value of label {lname}"));
+                }
+                let c = chars[i];
+                i += 1;
+                match c {
+                    '"' => break,
+                    '\\' => {
+                        if i >= n {
+                            return Err(format!("dangling backslash in label {lname}"));
+                        }
+                        let e = chars[i];
+                        i += 1;
+                        match e {
+                            'n' => val.push('\n'),
+                            '\\' => val.push('\\'),
+                            '"' => val.push('"'),
+                            o => {
+                                val.push('\\');
+                                val.push(o);
+                            }
+                        }
+                    }
+                    o => val.push(o),
+                }
+            }
+            if labels.insert(lname.clone(), val).is_some() {
+                return Err(format!("duplicate label {lname}"));
+            }
+            skip_ws(&mut i);
+            if i < n && chars[i] == ',' {
+                i += 1;
+                continue;
+            }
+            if i < n && chars[i] == '}' {
+                i += 1;
+                break;
+            }
+            return Err(format!("expected ',' or '}}' after label {lname}"));
+        }
+    }
+    let rest: String = chars[i..].iter().collect();
+    let mut it = rest.split_whitespace();
+    let value = parse_value(it.next().ok_or("missing value")?)?;
+    let timestamp_ms = match it.next() {
+        Some(t) => Some(
+            t.parse::<i64>()
+                .map_err(|e| format!("bad timestamp {t:?}: {e}"))?,
+        ),
+        None => None,
+    };
+    if it.next().is_some() {
+        return Err("trailing garbage".into());
+    }
+    Ok(Sample {
+        name,
+        labels,
+        value,
+        timestamp_ms,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Polling
+// ---------------------------------------------------------------------------------------
+
+/// Poll `f` every `poll` until it returns true (→ true) or `timeout` passes (→ false;
+/// `f` is evaluated one last time at the deadline).
+pub fn wait_until(timeout: Duration, poll: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        thread::sleep(poll.min(deadline - now));
+    }
+}
