@@ -291,30 +291,34 @@ fn open_dir(
             _ => {}
         }
     }
-    if create {
-        match mkdirat(&parent, PROBE_DIR, FileMode::S_IRWXU) {
-            Ok(()) | Err(Errno::EEXIST) => {}
+    // Open first and create only when missing: mkdir takes the filesystem's write
+    // access even when the directory exists, and would block on a frozen filesystem
+    // before the probe's own timed operations.
+    let open = || openat(&parent, PROBE_DIR, DIR_FLAGS, FileMode::empty());
+    let opened = match open() {
+        Err(Errno::ENOENT) if create => match mkdirat(&parent, PROBE_DIR, FileMode::S_IRWXU) {
+            Ok(()) | Err(Errno::EEXIST) => open(),
             Err(e) => {
                 return Err(err(
                     Failure::Errno(e),
                     format!("create {}/{PROBE_DIR}", path.display()),
                 ))
             }
-        }
-    }
-    let fd = openat(&parent, PROBE_DIR, DIR_FLAGS, FileMode::empty()).map_err(|e| {
+        },
+        r => r,
+    };
+    let fd = opened.map_err(|e| {
         let failure = match e {
             // O_NOFOLLOW on a symlink: ELOOP; O_DIRECTORY on a file: ENOTDIR.
             Errno::ELOOP | Errno::ENOTDIR => Failure::UnsafeDir,
             e => Failure::Errno(e),
         };
-        err(
-            failure,
-            format!(
-                "open {}/{PROBE_DIR} (a symlink or not a directory?)",
-                path.display()
-            ),
-        )
+        let what = if failure == Failure::UnsafeDir {
+            "is a symlink or not a directory; refusing to write through it"
+        } else {
+            "cannot be opened"
+        };
+        err(failure, format!("{}/{PROBE_DIR} {what}", path.display()))
     })?;
     let st = fstat(&fd).map_err(|e| err(Failure::Errno(e), "stat probe directory".into()))?;
     let pst = fstat(&parent).map_err(|e| err(Failure::Errno(e), "stat target".into()))?;
