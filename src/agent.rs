@@ -290,3 +290,38 @@ fn read_devices(m: &Metrics, stalls: &StallLog, sys_root: &std::path::Path) -> D
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stalls::TargetDevices;
+    use std::path::Path;
+
+    #[test]
+    fn md_and_device_metrics_from_a_resyncing_raid5_fixture() {
+        let sys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sys/md-raid5-resync");
+        let m = Arc::new(Metrics::new(Vec::new()));
+        let log = StallLog::new(4, Arc::clone(&m));
+        let d = blockdev::resolve(&sys, 9, 0).unwrap();
+        log.set_devices(
+            0,
+            TargetDevices {
+                disk: Some(d.disk.clone()),
+                arrays: d.md_arrays.clone(),
+            },
+        );
+        let r = read_devices(&m, &log, &sys);
+        assert_eq!(r.md_action.get("md0").map(String::as_str), Some("resync"));
+        assert_eq!(
+            m.md_sync_action.with_label_values(&["md0", "resync"]).get(),
+            1
+        );
+        assert_eq!(
+            m.md_sync_action.with_label_values(&["md0", "idle"]).get(),
+            0
+        );
+        let done = m.md_sync_completed.with_label_values(&["md0"]).get();
+        assert!((done - 123456.0 / 7814037168.0).abs() < 1e-9, "{done}");
+        assert!(r.inflight.contains_key("md0"));
+    }
+}

@@ -185,11 +185,14 @@ impl StallLog {
         inner.counted.insert(t.index, op.seq);
         let ev = self.new_event(&inner, t, op.mode, op.op, op.seq, op.started, true);
         self.count(t, op.mode, op.op);
+        let (md, device, inflight) = log_fields(&ev);
         warn!(target = %t.target.name, mode = %op.mode, op = %op.op,
             blocked_seconds = op.age.as_secs_f64(),
-            dirty_bytes = ev.vm.dirty_bytes_max, writeback_bytes = ev.vm.writeback_bytes_max,
+            dirty_bytes_start = ev.vm.dirty_bytes_start,
+            dirty_bytes_max = ev.vm.dirty_bytes_max,
+            writeback_bytes_max = ev.vm.writeback_bytes_max,
             dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
-            md = ?ev.md, device = ?ev.device,
+            md = %md, device = %device, device_inflight_max = inflight,
             "stall started: operation blocked past the threshold");
         self.push(&mut inner, ev);
     }
@@ -223,13 +226,16 @@ impl StallLog {
         ev.ongoing = false;
         ev.duration_seconds = elapsed.as_secs_f64();
         ev.error = failure.map(|f| f.to_string());
+        let (md, device, inflight) = log_fields(ev);
         warn!(target = %ev.target, mode = ev.mode, op = ev.op,
-            duration_seconds = ev.duration_seconds, error = ?ev.error,
-            dirty_bytes_start = ev.vm.dirty_bytes_start, dirty_bytes_max = ev.vm.dirty_bytes_max,
+            duration_seconds = ev.duration_seconds,
+            error = ev.error.as_deref().unwrap_or("none"),
+            dirty_bytes_start = ev.vm.dirty_bytes_start,
+            dirty_bytes_max = ev.vm.dirty_bytes_max,
             writeback_bytes_max = ev.vm.writeback_bytes_max,
             dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
-            io_pressure_full_seconds = ?ev.vm.io_pressure_full_seconds,
-            md = ?ev.md, device = ?ev.device,
+            io_pressure_full_seconds = ev.vm.io_pressure_full_seconds.unwrap_or(0.0),
+            md = %md, device = %device, device_inflight_max = inflight,
             "stall ended");
     }
 
@@ -320,6 +326,21 @@ impl StallLog {
     }
 }
 
+/// The md and device context as flat log values: `md0=check`, `sda`, peak in flight.
+fn log_fields(ev: &StallEvent) -> (String, String, u64) {
+    let md: Vec<String> = ev
+        .md
+        .iter()
+        .map(|m| format!("{}={}", m.device, m.sync_action))
+        .collect();
+    let (device, inflight) = ev
+        .device
+        .as_ref()
+        .map(|d| (d.device.clone(), d.inflight_requests_max))
+        .unwrap_or_else(|| ("none".into(), 0));
+    (md.join(","), device, inflight)
+}
+
 /// Folds one sample into an event's window.
 fn update(ev: &mut StallEvent, s: &Snapshot) {
     let c = &s.vm.counters;
@@ -376,5 +397,149 @@ pub fn run_watchdog(
         if next < now {
             next = now;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{SyncKind, Target};
+    use crate::vm::{IoPressureTotals, VmCounters};
+
+    fn target() -> Arc<TargetShared> {
+        Arc::new(TargetShared::new(
+            0,
+            Target {
+                name: "t".into(),
+                path: "/t".into(),
+                interval: Duration::from_secs(1),
+                modes: vec![Mode::Overwrite],
+                size: 4096,
+                sync: SyncKind::Fsync,
+                require_mountpoint: false,
+                stall_threshold: Duration::from_millis(500),
+            },
+        ))
+    }
+
+    fn snap(at: Instant, dirty: u64, wb: u64, full: f64, md: &str, inflight: u64) -> Snapshot {
+        let mut devices = DeviceReading::default();
+        devices.md_action.insert("md0".into(), md.into());
+        devices.inflight.insert("sdb".into(), inflight);
+        Snapshot {
+            vm: VmSample {
+                at,
+                counters: VmCounters {
+                    dirty_bytes: dirty,
+                    writeback_bytes: wb,
+                    dirty_threshold_bytes: 1000,
+                    dirty_background_threshold_bytes: 500,
+                    dirtied_bytes: 0,
+                    written_bytes: 0,
+                },
+                pressure: Some(IoPressureTotals {
+                    some_seconds: full * 2.0,
+                    full_seconds: full,
+                }),
+                sysctls: None,
+            },
+            devices,
+        }
+    }
+
+    fn setup() -> (Arc<TargetShared>, Arc<Metrics>, StallLog) {
+        let t = target();
+        let m = Arc::new(Metrics::new(vec![Arc::clone(&t)]));
+        let log = StallLog::new(2, Arc::clone(&m));
+        log.set_devices(
+            0,
+            TargetDevices {
+                disk: Some("sdb".into()),
+                arrays: vec!["md0".into()],
+            },
+        );
+        (t, m, log)
+    }
+
+    fn counted(m: &Metrics) -> u64 {
+        m.stalls
+            .with_label_values(&["t", "overwrite", "fsync"])
+            .get()
+    }
+
+    #[test]
+    fn window_context_from_history_and_later_samples() {
+        let (t, m, log) = setup();
+        let start = Instant::now() - Duration::from_millis(600);
+        log.observe(snap(
+            start - Duration::from_millis(50),
+            100,
+            0,
+            1.0,
+            "idle",
+            1,
+        ));
+        log.observe(snap(
+            start + Duration::from_millis(100),
+            300,
+            50,
+            1.5,
+            "check",
+            7,
+        ));
+        let op = InFlightOp {
+            mode: Mode::Overwrite,
+            op: Op::Fsync,
+            seq: 9,
+            started: start,
+            age: start.elapsed(),
+        };
+        log.crossed(&t, op);
+        log.crossed(&t, op);
+        assert_eq!(counted(&m), 1, "a crossing is counted once");
+        let ev = &log.events()[0];
+        assert!(ev.ongoing);
+        assert_eq!(ev.vm.dirty_bytes_start, 100);
+        assert_eq!(ev.vm.dirty_bytes_max, 300);
+        assert_eq!(ev.md[0].sync_action, "check");
+        // Later samples while ongoing raise the maxima; idle does not hide the check.
+        log.observe(snap(Instant::now(), 200, 90, 4.0, "idle", 3));
+        log.finished(&t, Mode::Overwrite, Op::Fsync, 9, start.elapsed(), None);
+        assert_eq!(counted(&m), 1, "finishing does not count again");
+        let ev = &log.events()[0];
+        assert!(!ev.ongoing);
+        assert_eq!(
+            (ev.vm.dirty_bytes_max, ev.vm.writeback_bytes_max),
+            (300, 90)
+        );
+        assert_eq!(ev.vm.io_pressure_full_seconds, Some(3.0));
+        assert_eq!(ev.vm.dirty_threshold_bytes, 1000);
+        assert_eq!(ev.md[0].sync_action, "check");
+        assert_eq!(ev.device.as_ref().unwrap().inflight_requests_max, 7);
+        let json = serde_json::to_value(ev).unwrap();
+        assert_eq!(json["md"][0]["device"], "md0");
+        assert_eq!(json["ongoing"], false);
+        assert!(json["started_at"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn returned_between_ticks_is_counted_on_return_and_ring_is_bounded() {
+        let (t, m, log) = setup();
+        for seq in 1..=3 {
+            log.finished(
+                &t,
+                Mode::Overwrite,
+                Op::Fsync,
+                seq,
+                Duration::from_millis(700),
+                Some(Failure::Errno(nix::errno::Errno::EIO)),
+            );
+        }
+        assert_eq!(counted(&m), 3);
+        let ev = log.events();
+        assert_eq!(ev.len(), 2, "ring bounded at stall_log_size");
+        assert!(ev[0].started_at >= ev[1].started_at, "newest first");
+        assert!(ev[0].error.as_deref().unwrap().contains("EIO"));
+        assert_eq!(ev[0].duration_seconds, 0.7);
     }
 }

@@ -1,0 +1,326 @@
+//! Stall events for real: an fsync stuck behind throttled writeback, and operations
+//! blocked by fsfreeze, seen in `/api/stalls` while they last and counted once.
+
+mod common;
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{require_root, wait_until, Agent, LoopFs};
+use serde_json::Value;
+
+fn stalls(agent: &Agent) -> Vec<Value> {
+    let (status, body, _) = agent.get("/api/stalls");
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/api/stalls: {e}: {body}"))
+}
+
+fn of_target<'a>(events: &'a [Value], target: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["target"] == target).collect()
+}
+
+fn stalls_total(agent: &Agent, target: &str) -> f64 {
+    agent
+        .scrape()
+        .sum("stallwatch_stalls_total", &[("target", target)])
+}
+
+/// Checks one event against SPEC's schema.
+fn assert_schema(e: &Value) {
+    for k in ["target", "mode", "op", "started_at"] {
+        assert!(e[k].is_string(), "{k} in {e}");
+    }
+    let started = e["started_at"].as_str().unwrap();
+    assert!(
+        started.ends_with('Z') && humantime::parse_rfc3339(started).is_ok(),
+        "started_at {started}"
+    );
+    assert!(e["duration_seconds"].is_f64(), "{e}");
+    assert!(e["ongoing"].is_boolean(), "{e}");
+    assert!(e["error"].is_null() || e["error"].is_string(), "{e}");
+    let vm = &e["vm"];
+    for k in [
+        "dirty_bytes_start",
+        "dirty_bytes_max",
+        "writeback_bytes_max",
+        "dirty_threshold_bytes",
+        "dirty_background_threshold_bytes",
+    ] {
+        assert!(vm[k].is_u64(), "vm.{k} in {e}");
+    }
+    assert!(vm["dirty_threshold_bytes"].as_u64().unwrap() > 0);
+    let full = &vm["io_pressure_full_seconds"];
+    assert!(full.is_null() || full.is_f64(), "{e}");
+    assert!(e["md"].is_array(), "{e}");
+}
+
+/// The fsync-tester scenario: a random buffered writer into a large file on a throttled
+/// XFS, and an overwrite probe each second with a 500 ms threshold.
+#[test]
+fn fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing() {
+    if !require_root("fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing") {
+        return;
+    }
+    let mut fs = LoopFs::new("xfs", 320);
+    let yaml = format!(
+        "vm_interval: 100ms\nstall_threshold: 500ms\ntargets:\n  - path: {}\n    name: slow\n    interval: 1s\n    modes: [overwrite]\n",
+        fs.path().display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            agent
+                .scrape()
+                .get("stallwatch_target_up", &[("target", "slow")])
+                == Some(1.0)
+        }
+    ));
+    fs.throttle_write_bps(2 << 20);
+
+    // The writer: random 4 KiB buffered writes into a 64 MiB file, starting writeback
+    // every 2 MiB so the device queue stays full. Bounded in bytes and time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, path) = (Arc::clone(&stop), fs.path().join("big"));
+        std::thread::spawn(move || {
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(64 << 20).unwrap();
+            let buf = vec![0x5au8; 4096];
+            let t0 = Instant::now();
+            let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+            for i in 0..6144u64 {
+                if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(40) {
+                    break;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let off = (x % (16384 - 1)) * 4096;
+                nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
+                if i % 512 == 511 {
+                    // SAFETY: a plain syscall on a descriptor we own.
+                    unsafe {
+                        nix::libc::sync_file_range(
+                            std::os::fd::AsRawFd::as_raw_fd(&f),
+                            0,
+                            0,
+                            nix::libc::SYNC_FILE_RANGE_WRITE,
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+
+    // Watch for the stall while it is ongoing; keep the gauges seen meanwhile.
+    let t0 = Instant::now();
+    let mut seen_ongoing: Option<Value> = None;
+    let mut inflight_when_seen = 0.0;
+    let mut dirty_seen: f64 = 0.0;
+    let mut writeback_seen: f64 = 0.0;
+    let mut dirty_all: f64 = 0.0;
+    let mut writeback_all: f64 = 0.0;
+    let mut completed: Option<Value> = None;
+    while t0.elapsed() < Duration::from_secs(60) && completed.is_none() {
+        let m = agent.scrape();
+        let dirty = m.get("stallwatch_vm_dirty_bytes", &[]).unwrap();
+        let wb = m.get("stallwatch_vm_writeback_bytes", &[]).unwrap();
+        dirty_all = dirty_all.max(dirty);
+        writeback_all = writeback_all.max(wb);
+        let events = stalls(&agent);
+        let mine = of_target(&events, "slow");
+        match &seen_ongoing {
+            None => {
+                if let Some(e) = mine.iter().find(|e| e["ongoing"] == true) {
+                    seen_ongoing = Some((*e).clone());
+                    let op = e["op"].as_str().unwrap().to_owned();
+                    inflight_when_seen = agent
+                        .scrape()
+                        .get(
+                            "stallwatch_probe_inflight_seconds",
+                            &[("target", "slow"), ("mode", "overwrite"), ("op", &op)],
+                        )
+                        .unwrap();
+                }
+            }
+            Some(first) => {
+                dirty_seen = dirty_seen.max(dirty);
+                writeback_seen = writeback_seen.max(wb);
+                if let Some(e) = mine
+                    .iter()
+                    .find(|e| e["started_at"] == first["started_at"] && e["ongoing"] == false)
+                {
+                    completed = Some((*e).clone());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    fs.unthrottle();
+    writer.join().unwrap();
+
+    let first = seen_ongoing.expect("no ongoing stall seen within 60 s");
+    assert_schema(&first);
+    assert!(
+        inflight_when_seen >= 0.5,
+        "the call was not still blocked when the event showed ongoing ({inflight_when_seen} s)"
+    );
+    let done = completed.expect("the stall never completed");
+    eprintln!("completed stall event: {done}");
+    assert_schema(&done);
+    assert!(done["duration_seconds"].as_f64().unwrap() >= 0.5);
+    let vm = &done["vm"];
+    let dmax = vm["dirty_bytes_max"].as_u64().unwrap() as f64;
+    let wmax = vm["writeback_bytes_max"].as_u64().unwrap() as f64;
+    assert!(dmax > 0.0 && wmax > 0.0, "{done}");
+    // The event's maxima come from the same samples as the gauges scraped during it.
+    assert!(
+        dmax >= dirty_seen,
+        "event dirty max {dmax} < gauge {dirty_seen}"
+    );
+    assert!(
+        wmax >= writeback_seen,
+        "event writeback max {wmax} < gauge {writeback_seen}"
+    );
+    assert!(
+        dmax <= dirty_all * 1.05 + 4096.0,
+        "event dirty max {dmax} > any gauge {dirty_all}"
+    );
+    assert!(
+        wmax <= writeback_all * 1.05 + 4096.0,
+        "{wmax} > {writeback_all}"
+    );
+    // Counted once: every stall counted has exactly one event.
+    let events = stalls(&agent);
+    let n = of_target(&events, "slow").len() as f64;
+    assert_eq!(stalls_total(&agent, "slow"), n, "{events:?}");
+    assert!(agent.wait_log("stall started", Duration::from_secs(1)));
+    assert!(agent.wait_log("stall ended", Duration::from_secs(1)));
+}
+
+/// A 4 s freeze: one event for the blocked op, ongoing during the freeze, completed
+/// with a duration within 0.5 s of the freeze.
+#[test]
+fn freeze_gives_one_event_per_blocked_op() {
+    if !require_root("freeze_gives_one_event_per_blocked_op") {
+        return;
+    }
+    let mut fs = LoopFs::new("xfs", 320);
+    let yaml = format!(
+        "stall_threshold: 1s\ntargets:\n  - path: {}\n    name: frozen\n    interval: 200ms\n    modes: [create]\n",
+        fs.path().display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            agent
+                .scrape()
+                .get("stallwatch_target_up", &[("target", "frozen")])
+                == Some(1.0)
+        }
+    ));
+    fs.freeze();
+    let frozen_at = Instant::now();
+    let mut ongoing_seen_at = None;
+    let mut counted_while_blocked = 0.0;
+    while frozen_at.elapsed() < Duration::from_secs(4) {
+        if ongoing_seen_at.is_none() {
+            let events = stalls(&agent);
+            if let Some(e) = of_target(&events, "frozen").first() {
+                assert_eq!(e["ongoing"], true);
+                assert_eq!(e["op"], "create");
+                ongoing_seen_at = Some(frozen_at.elapsed());
+                counted_while_blocked = stalls_total(&agent, "frozen");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fs.thaw();
+    let freeze = frozen_at.elapsed().as_secs_f64();
+    let seen = ongoing_seen_at.expect("no ongoing event during the freeze");
+    // Threshold 1 s, the op starts within one 200 ms interval of the freeze, the
+    // watchdog ticks every 50 ms: seen well before 1.6 s.
+    assert!(
+        seen < Duration::from_millis(1600),
+        "ongoing event seen only at {seen:?}"
+    );
+    assert_eq!(counted_while_blocked, 1.0, "counted at the crossing, once");
+    assert!(wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || {
+            of_target(&stalls(&agent), "frozen")
+                .first()
+                .is_some_and(|e| e["ongoing"] == false)
+        }
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    let events = stalls(&agent);
+    let mine = of_target(&events, "frozen");
+    assert_eq!(mine.len(), 1, "one event per blocked op: {events:?}");
+    let d = mine[0]["duration_seconds"].as_f64().unwrap();
+    assert!(
+        (d - freeze).abs() <= 0.5,
+        "duration {d} for a {freeze:.2} s freeze"
+    );
+    assert_eq!(stalls_total(&agent, "frozen"), 1.0);
+    assert_schema(mine[0]);
+    let (_, page, _) = agent.get("/");
+    assert!(page.contains("Recent stalls") && page.contains("create"));
+}
+
+/// The ring keeps `stall_log_size` events, newest first.
+#[test]
+fn stall_log_is_bounded_and_newest_first() {
+    if !require_root("stall_log_is_bounded_and_newest_first") {
+        return;
+    }
+    let mut fs = LoopFs::new("xfs", 320);
+    let yaml = format!(
+        "stall_threshold: 200ms\nstall_log_size: 3\ntargets:\n  - path: {}\n    name: ring\n    interval: 100ms\n    modes: [create]\n",
+        fs.path().display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            agent
+                .scrape()
+                .get("stallwatch_target_up", &[("target", "ring")])
+                == Some(1.0)
+        }
+    ));
+    for _ in 0..5 {
+        fs.freeze();
+        std::thread::sleep(Duration::from_millis(600));
+        fs.thaw();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || { stalls_total(&agent, "ring") >= 5.0 }
+    ));
+    let events = stalls(&agent);
+    assert_eq!(events.len(), 3, "{events:?}");
+    let starts: Vec<_> = events
+        .iter()
+        .map(|e| humantime::parse_rfc3339(e["started_at"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(
+        starts.windows(2).all(|w| w[0] >= w[1]),
+        "not newest first: {starts:?}"
+    );
+    for e in &events {
+        assert_schema(e);
+    }
+}
