@@ -58,6 +58,7 @@ fn init_logging(level: tracing::Level, format: LogFormat) {
         LogFormat::Logfmt => registry
             .with(
                 tracing_logfmt::builder()
+                    .with_target(false)
                     .layer()
                     .with_writer(std::io::stderr),
             )
@@ -66,6 +67,7 @@ fn init_logging(level: tracing::Level, format: LogFormat) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
+                    .with_target(false)
                     .flatten_event(true)
                     .with_writer(std::io::stderr),
             )
