@@ -10,6 +10,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 
+use crate::probe::ops::Op;
 use crate::probe::TargetShared;
 
 /// Latency buckets from 25 µs (a cached metadata op on NVMe) to 300 s (the longest
@@ -370,7 +371,10 @@ impl Collector for Inflight {
             GaugeVec::new(opts(Self::NAME, Self::HELP), &["target", "mode", "op"]).expect("valid");
         for t in &self.targets {
             let now = t.inflight.current();
-            for &(mode, op) in &t.ops {
+            // Set-up (op="prepare") can block too: show it, so a stuck probe is never
+            // invisible.
+            let prepare = t.target.modes.iter().map(|&m| (m, Op::Prepare));
+            for (mode, op) in t.ops.iter().copied().chain(prepare) {
                 let age = match now {
                     Some(c) if c.mode == mode && c.op == op => c.age.as_secs_f64(),
                     _ => 0.0,
