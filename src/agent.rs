@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::probe::{Context, Shutdown, TargetShared, Worker};
 use crate::stalls::{self, DeviceReading, Snapshot, StallLog};
 use crate::vm;
+use crate::web::{self, Limits, WebConfig};
 
 /// Where the agent reads the kernel's state; tests point these at fixtures.
 #[derive(Debug, Clone)]
@@ -36,7 +37,13 @@ impl Default for Roots {
 }
 
 /// Runs the agent until a signal; returns once no probe is blocked any more.
-pub fn run(config: Config, listen: SocketAddr, roots: Roots) -> anyhow::Result<()> {
+pub fn run(
+    config: Config,
+    listen: SocketAddr,
+    roots: Roots,
+    web: WebConfig,
+    limits: Limits,
+) -> anyhow::Result<()> {
     let shutdown = Arc::new(Shutdown::default());
     let targets: Vec<Arc<TargetShared>> = config
         .targets
@@ -112,20 +119,13 @@ pub fn run(config: Config, listen: SocketAddr, roots: Roots) -> anyhow::Result<(
         targets: targets.clone(),
         telemetry_path: config.telemetry_path.clone(),
     }));
-    info!(address = %bound, "listening on {bound}");
-    rt.block_on(async {
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = rx.await;
-        });
-        let server = tokio::spawn(async move { server.await });
-        wait_for_signal().await;
-        // The listener is dropped as soon as the server sees this: new connections are
-        // refused at once. Open connections get a moment to finish, not more.
-        let _ = tx.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-    });
-    drop(rt);
+    info!(address = %bound, tls = web.tls_enabled(), basic_auth = web.auth_enabled(),
+        "listening on {bound}");
+    // On the signal the listener is dropped at once (new connections are refused) and
+    // open connections get `limits.shutdown_grace` to finish, not more.
+    rt.block_on(web::serve(listener, app, web, limits, wait_for_signal()));
+    // Whatever is still open is dropped here; a bcrypt still running is not waited for.
+    rt.shutdown_timeout(Duration::from_millis(100));
 
     shutdown.trigger();
     let _ = sampler.join();

@@ -10,3 +10,4 @@ pub mod probe;
 pub mod probe_cli;
 pub mod stalls;
 pub mod vm;
+pub mod web;

@@ -9,6 +9,7 @@ use tracing::info;
 use stallwatch::agent::{self, Roots};
 use stallwatch::config::{self, Config, ConfigError};
 use stallwatch::probe_cli::{self, ProbeArgs};
+use stallwatch::web::{self, WebConfig, WebConfigError};
 
 /// Storage stall probe agent: times create/write/fsync on each mount point, samples
 /// dirty-page and writeback state, and serves it for Prometheus.
@@ -26,6 +27,12 @@ struct Cli {
     /// Address to listen on, overriding the file; port 0 picks a free port.
     #[arg(long = "web.listen-address", value_name = "ADDR")]
     listen_address: Option<String>,
+    /// Web configuration (exporter-toolkit format): TLS, basic auth, headers.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    web_config_file: Option<PathBuf>,
+    /// Requests served at once; more get 503 at once. 0: no limit.
+    #[arg(long = "web.max-requests", value_name = "N", default_value_t = web::DEFAULT_MAX_REQUESTS)]
+    web_max_requests: usize,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long = "log.level", value_name = "LEVEL", default_value = "info")]
     log_level: tracing::Level,
@@ -85,11 +92,16 @@ fn main() -> ExitCode {
         Some(Command::Probe(args)) => probe_cli::run(args),
         None => {
             init_logging(cli.log_level, cli.log_format);
-            match run_agent(cli.config.as_deref(), cli.listen_address.as_deref()) {
+            let web = WebArgs {
+                config_file: cli.web_config_file.as_deref(),
+                max_requests: cli.web_max_requests,
+            };
+            match run_agent(cli.config.as_deref(), cli.listen_address.as_deref(), web) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e:#}");
-                    let invalid = e.downcast_ref::<ConfigError>().is_some();
+                    let invalid = e.downcast_ref::<ConfigError>().is_some()
+                        || e.downcast_ref::<WebConfigError>().is_some();
                     ExitCode::from(if invalid { EXIT_INVALID } else { 1 })
                 }
             }
@@ -110,7 +122,13 @@ fn check_config(file: &Path) -> ExitCode {
     }
 }
 
-fn run_agent(config: Option<&Path>, listen: Option<&str>) -> anyhow::Result<()> {
+/// The `--web.*` flags besides the listen address.
+struct WebArgs<'a> {
+    config_file: Option<&'a Path>,
+    max_requests: usize,
+}
+
+fn run_agent(config: Option<&Path>, listen: Option<&str>, web: WebArgs) -> anyhow::Result<()> {
     let default = Path::new(config::DEFAULT_CONFIG_PATH);
     let config = match config {
         Some(p) => {
@@ -140,5 +158,18 @@ fn run_agent(config: Option<&Path>, listen: Option<&str>) -> anyhow::Result<()> 
         })?,
         None => config.listen_address,
     };
-    agent::run(config, listen, Roots::default())
+    let web_config = match web.config_file {
+        Some(p) => {
+            let c = WebConfig::load(p)?;
+            info!(file = %p.display(), tls = c.tls_enabled(), basic_auth = c.auth_enabled(),
+                "web configuration loaded");
+            c
+        }
+        None => WebConfig::none(),
+    };
+    let limits = web::Limits {
+        max_requests: web.max_requests,
+        ..web::Limits::default()
+    };
+    agent::run(config, listen, Roots::default(), web_config, limits)
 }
