@@ -1,20 +1,34 @@
 //! `stallwatch probe PATH`: the agent's probes in the foreground, like ioping or
 //! fsync-tester, with a live notice while a call is blocked and a summary per operation.
+//!
+//! The system calls run on a worker thread; the main thread only prints. That split is
+//! what lets it report a call stuck in the kernel (an fsfreeze, a hung device) while it
+//! is stuck, and print the summary on Ctrl-C even then.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
 
 use crate::config::{self, Mode, SyncKind};
-use crate::probe::ops::{self, Failure, Latencies, Observer, Op};
-use crate::probe::InflightSlot;
+use crate::probe::ops::{self, Failure, Latencies, Observer, Op, PROBE_DIR};
+
+/// Exit status when any cycle failed (or the probe directory could not be set up).
+const EXIT_FAILED: u8 = 1;
+/// Exit status for bad arguments, as clap uses for its own parse errors.
+const EXIT_USAGE: u8 = 2;
+/// Largest `--size`: a diagnosis probe, not a throughput benchmark.
+const MAX_SIZE: u64 = 64 << 20;
+/// A call blocked this long gets its first live notice ...
+const NOTICE_FIRST: Duration = Duration::from_secs(1);
+/// ... and another one this often while it stays blocked.
+const NOTICE_EVERY: Duration = Duration::from_secs(2);
 
 /// Arguments of `stallwatch probe`.
 #[derive(Args, Debug)]
@@ -25,18 +39,18 @@ pub struct ProbeArgs {
     #[arg(long = "mode", value_name = "M", value_parser = clap::value_parser!(Mode))]
     pub modes: Vec<Mode>,
     /// Number of cycles.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = parse_count)]
     pub count: u64,
-    /// Time between the starts of two cycles.
+    /// Time between the starts of two cycles (0: back to back).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
     /// Flush call of the overwrite probe: fsync or fdatasync.
     #[arg(long, default_value = "fsync", value_parser = clap::value_parser!(SyncKind))]
     pub sync: SyncKind,
-    /// Bytes written by the overwrite, direct and replace probes (4096, 4KiB, 1MiB).
-    #[arg(long, default_value = "4KiB", value_parser = config::parse_size)]
+    /// Bytes written by the overwrite, direct and replace probes (4096, 4KiB, 1MiB; at most 64MiB).
+    #[arg(long, default_value = "4KiB", value_parser = parse_probe_size)]
     pub size: u64,
-    /// Print JSON (all times in seconds) instead of text.
+    /// Print JSON (all times in seconds) instead of text; notices and errors go to stderr.
     #[arg(long)]
     pub json: bool,
 }
@@ -56,11 +70,30 @@ impl clap::builder::ValueParserFactory for SyncKind {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    // Zero is allowed here: back-to-back cycles, as ioping -i 0.
+    // Zero is allowed here (back-to-back cycles, as ioping -i 0), unlike in the config.
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    config::parse_duration(s)
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) => Ok(d),
+        Err(_) => config::parse_duration(s),
+    }
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number of cycles")),
+    }
+}
+
+fn parse_probe_size(s: &str) -> Result<u64, String> {
+    let n = config::parse_size(s)?;
+    if n > MAX_SIZE {
+        return Err(format!("{s:?} is larger than 64MiB"));
+    }
+    Ok(n)
 }
 
 /// Latency statistics of one operation, in seconds.
@@ -129,22 +162,75 @@ fn keys(modes: &[Mode], sync: SyncKind) -> Vec<(Mode, Op, String)> {
         .collect()
 }
 
+fn key_of(keys: &[(Mode, Op, String)], m: Mode, o: Op) -> String {
+    if o == Op::Prepare {
+        return format!("{m} set-up");
+    }
+    keys.iter()
+        .find(|(km, ko, _)| *km == m && *ko == o)
+        .map(|(_, _, k)| k.clone())
+        .unwrap_or_else(|| o.to_string())
+}
+
+/// What the worker is blocked in right now.
+#[derive(Debug, Clone)]
+struct Busy {
+    /// Distinguishes two calls with the same name, so each gets its own notices.
+    id: u64,
+    cycle: u64,
+    what: String,
+    since: Instant,
+}
+
+/// The worker's current call, shared with the printing thread. Also the [`Observer`]
+/// of the timed calls; the untimed set-up and clean-up are entered by hand.
 struct Live {
-    slot: InflightSlot,
+    keys: Vec<(Mode, Op, String)>,
+    cycle: AtomicU64,
+    next_id: AtomicU64,
+    current: Mutex<Option<Busy>>,
+}
+
+impl Live {
+    fn enter(&self, what: String) {
+        let busy = Busy {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            cycle: self.cycle.load(Ordering::Relaxed),
+            what,
+            since: Instant::now(),
+        };
+        *self.lock() = Some(busy);
+    }
+
+    fn leave(&self) {
+        *self.lock() = None;
+    }
+
+    fn current(&self) -> Option<Busy> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Busy>> {
+        // The guarded value is replaced whole, so a poisoned lock still holds a valid one.
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Observer for Live {
     fn begin(&self, mode: Mode, op: Op) {
-        self.slot.begin(mode, op);
+        self.enter(key_of(&self.keys, mode, op));
     }
     fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>) {
-        self.slot.end();
+        self.leave();
     }
 }
 
 enum Msg {
     Cycle(u64, Vec<(Mode, Latencies)>, Vec<ops::OpError>),
-    Done,
+    /// All cycles ran (or Ctrl-C); `left_behind`: PATH/.stallwatch could not be removed.
+    Done {
+        left_behind: bool,
+    },
     Fatal(String),
 }
 
@@ -154,162 +240,319 @@ extern "C" fn on_sigint(_: nix::libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Runs the probe command; exit 0 when every cycle succeeded, 1 when any failed.
+/// First Ctrl-C: finish the current cycle, clean up, print the summary. SA_RESETHAND
+/// makes a second Ctrl-C kill the process the ordinary way.
+fn install_sigint() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_sigint),
+        SaFlags::SA_RESTART | SaFlags::SA_RESETHAND,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    if let Err(e) = unsafe { sigaction(Signal::SIGINT, &action) } {
+        eprintln!("warning: cannot catch Ctrl-C ({e}); it will end the probe without a summary");
+    }
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// What the worker needs to run the cycles.
+struct Job {
+    path: PathBuf,
+    modes: Vec<Mode>,
+    count: u64,
+    interval: Duration,
+    size: u64,
+    sync: SyncKind,
+}
+
+fn work(job: Job, live: &Live, tx: &mpsc::Sender<Msg>) {
+    let probe_dir = job.path.join(PROBE_DIR);
+    // mkdir blocks on a frozen filesystem like any write: show it as a blocked call.
+    live.enter(format!("set-up of {}", probe_dir.display()));
+    let dir = ops::open_probe_dir(&job.path, None);
+    if let Ok(d) = &dir {
+        d.remove_own_files();
+    }
+    live.leave();
+    let dir = match dir {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = tx.send(Msg::Fatal(e.to_string()));
+            return;
+        }
+    };
+    let mut due = Instant::now();
+    for seq in 1..=job.count {
+        if interrupted() {
+            break;
+        }
+        live.cycle.store(seq, Ordering::Relaxed);
+        let spec = ops::CycleSpec {
+            size: job.size,
+            sync: job.sync,
+            seq,
+        };
+        let mut lats = Vec::new();
+        let mut errs = Vec::new();
+        for &m in &job.modes {
+            match ops::run_mode(m, &dir, &spec, live) {
+                Ok(l) => lats.push((m, l)),
+                Err(e) => errs.push(e),
+            }
+        }
+        let _ = tx.send(Msg::Cycle(seq, lats, errs));
+        if seq == job.count {
+            break;
+        }
+        // Fixed start times; a cycle that overran its interval is followed at once.
+        let now = Instant::now();
+        due = due.checked_add(job.interval).unwrap_or(now).max(now);
+        while !interrupted() {
+            let now = Instant::now();
+            if now >= due {
+                break;
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(50)));
+        }
+    }
+    live.enter(format!("clean-up of {}", probe_dir.display()));
+    dir.remove_all(&job.path);
+    live.leave();
+    let left_behind = probe_dir.symlink_metadata().is_ok();
+    let _ = tx.send(Msg::Done { left_behind });
+}
+
+/// True when `path` is on tmpfs, whose O_DIRECT (Linux 6.6+) is a memory copy.
+fn is_tmpfs(path: &Path) -> bool {
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    statfs(path).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
+}
+
+/// Everything printed at the end.
+#[derive(Default)]
+struct Report {
+    samples: BTreeMap<String, Vec<f64>>,
+    cycles: Vec<BTreeMap<String, f64>>,
+    failed_cycles: u64,
+}
+
+/// Runs the probe command: exit 0 when every cycle succeeded, 1 when any failed, 2 on
+/// bad arguments.
 pub fn run(args: ProbeArgs) -> ExitCode {
     let modes = if args.modes.is_empty() {
         vec![Mode::Create, Mode::Overwrite]
     } else {
         args.modes.clone()
     };
-    let mut seen = Vec::new();
-    for m in &modes {
-        if seen.contains(m) {
+    for (i, m) in modes.iter().enumerate() {
+        if modes[..i].contains(m) {
             eprintln!("Error: --mode {m} given twice");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_USAGE);
         }
-        seen.push(*m);
     }
-    if args.size > 64 << 20 {
-        eprintln!("Error: --size {} is larger than 64 MiB", args.size);
-        return ExitCode::from(2);
+    // A missing PATH is a typo, not a failing filesystem; anything else (EIO, EACCES on
+    // the probe directory, EROFS) is reported as a failed probe below.
+    match std::fs::metadata(&args.path) {
+        Ok(m) if !m.is_dir() => {
+            eprintln!("Error: {} is not a directory", args.path.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("Error: {}: {e}", args.path.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+        _ => {}
     }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        let _ = nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGINT,
-            nix::sys::signal::SigHandler::Handler(on_sigint),
+    if modes.contains(&Mode::Direct) && is_tmpfs(&args.path) {
+        eprintln!(
+            "note: {} is tmpfs, which accepts O_DIRECT (Linux 6.6+) but keeps the data in \
+             memory: the direct probe times a memory copy, not a device",
+            args.path.display()
         );
     }
+    install_sigint();
+
+    let keys = keys(&modes, args.sync);
     let live = Arc::new(Live {
-        slot: InflightSlot::default(),
+        keys: keys.clone(),
+        cycle: AtomicU64::new(0),
+        next_id: AtomicU64::new(0),
+        current: Mutex::new(None),
     });
     let (tx, rx) = mpsc::channel();
     let worker = {
         let live = Arc::clone(&live);
-        let (path, modes) = (args.path.clone(), modes.clone());
-        let (count, interval, size, sync) = (args.count, args.interval, args.size, args.sync);
-        std::thread::spawn(move || {
-            let dir = match ops::open_probe_dir(&path, None) {
-                Ok(d) => d,
-                Err(e) => {
-                    let _ = tx.send(Msg::Fatal(e.to_string()));
-                    return;
-                }
-            };
-            dir.remove_own_files();
-            let start = Instant::now();
-            for seq in 1..=count {
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    break;
-                }
-                let spec = ops::CycleSpec { size, sync, seq };
-                let mut lats = Vec::new();
-                let mut errs = Vec::new();
-                for &m in &modes {
-                    match ops::run_mode(m, &dir, &spec, &*live) {
-                        Ok(l) => lats.push((m, l)),
-                        Err(e) => errs.push(e),
-                    }
-                }
-                let _ = tx.send(Msg::Cycle(seq, lats, errs));
-                if seq < count {
-                    let due = start + interval * seq as u32;
-                    while Instant::now() < due && !INTERRUPTED.load(Ordering::SeqCst) {
-                        std::thread::sleep((due - Instant::now()).min(Duration::from_millis(50)));
-                    }
-                }
-            }
-            dir.remove_all(&path);
-            let _ = tx.send(Msg::Done);
-        })
+        let job = Job {
+            path: args.path.clone(),
+            modes: modes.clone(),
+            count: args.count,
+            interval: args.interval,
+            size: args.size,
+            sync: args.sync,
+        };
+        std::thread::spawn(move || work(job, &live, &tx))
     };
 
-    let keys = keys(&modes, args.sync);
-    let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut cycles: Vec<BTreeMap<String, serde_json::Value>> = Vec::new();
-    let mut failed = false;
-    let mut next_notice = Duration::from_secs(1);
-    let mut interrupted_blocked = false;
     if !args.json {
         let names: Vec<&str> = modes.iter().map(|m| m.as_str()).collect();
+        // --sync only changes the overwrite probe; replace always uses fsync.
+        let sync = if modes.contains(&Mode::Overwrite) {
+            format!("; {}", args.sync.as_str())
+        } else {
+            String::new()
+        };
         println!(
-            "probing {} ({}, {} bytes, {}), {} cycles every {:?}",
+            "probing {} ({}; {} bytes{sync}), {} cycles every {}",
             args.path.display(),
             names.join(", "),
             args.size,
-            args.sync.as_str(),
             args.count,
-            args.interval
+            humantime::format_duration(args.interval)
         );
     }
+
+    let mut report = Report::default();
+    let mut notice: Option<(u64, Duration)> = None;
+    let mut blocked: Option<Busy> = None;
+    let mut left_behind = false;
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(Msg::Cycle(seq, lats, errs)) => {
-                next_notice = Duration::from_secs(1);
-                let mut row = BTreeMap::new();
-                let mut line = format!("cycle {seq}:");
-                for (m, l) in &lats {
-                    for (op, d) in l {
-                        let key = key_of(&keys, *m, *op);
-                        samples
-                            .entry(key.clone())
-                            .or_default()
-                            .push(d.as_secs_f64());
-                        row.insert(key.clone(), serde_json::json!(d.as_secs_f64()));
-                        line.push_str(&format!("  {key} {}", human(d.as_secs_f64())));
-                    }
-                }
-                if !errs.is_empty() {
-                    failed = true;
-                    let e: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-                    row.insert("error".into(), serde_json::json!(e.join("; ")));
-                    line.push_str(&format!("  FAILED: {}", e.join("; ")));
-                }
-                if !args.json {
-                    println!("{line}");
-                }
-                cycles.push(row);
+            Ok(Msg::Cycle(seq, lats, errs)) => record(&args, &keys, &mut report, seq, lats, errs),
+            Ok(Msg::Done { left_behind: l }) => {
+                left_behind = l;
+                break;
             }
-            Ok(Msg::Done) => break,
             Ok(Msg::Fatal(e)) => {
                 eprintln!("Error: {e}");
-                return ExitCode::from(1);
+                return ExitCode::from(EXIT_FAILED);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let cur = live.slot.current();
-                if let Some(c) = cur {
-                    if c.age >= next_notice {
-                        eprintln!("{} still blocked after {:.1} s", c.op, c.age.as_secs_f64());
-                        next_notice = c.age + Duration::from_secs(2);
-                    }
-                }
-                if INTERRUPTED.load(Ordering::SeqCst) && cur.is_some() {
-                    // The call cannot be interrupted; report what we have and leave.
-                    interrupted_blocked = true;
-                    break;
-                }
-            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let Some(busy) = live.current() else {
+            continue;
+        };
+        let age = busy.since.elapsed();
+        let next = match notice {
+            Some((id, next)) if id == busy.id => next,
+            _ => NOTICE_FIRST,
+        };
+        notice = Some((busy.id, next));
+        if age >= next {
+            let cycle = if busy.cycle > 0 {
+                format!("cycle {}: ", busy.cycle)
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "{cycle}{} still blocked after {:.1} s",
+                busy.what,
+                age.as_secs_f64()
+            );
+            notice = Some((busy.id, age + NOTICE_EVERY));
+        }
+        // A call blocked in the kernel cannot be interrupted: report what we have now
+        // rather than wait for it. A merely running call is let finish (milliseconds).
+        if interrupted() && age >= NOTICE_FIRST {
+            blocked = Some(busy);
+            break;
         }
     }
-    let summary: BTreeMap<String, Summary> = samples
-        .iter()
-        .filter_map(|(k, v)| summarize(v).map(|s| (k.clone(), s)))
-        .collect();
-    if args.json {
-        let out = serde_json::json!({"summary": summary, "cycles": cycles});
-        println!("{out}");
+
+    print_report(&args, &keys, &report);
+    if let Some(b) = &blocked {
+        eprintln!(
+            "interrupted: {} has been blocked in the kernel for {:.1} s and cannot be \
+             interrupted; the process ends when the call returns, and {} is left behind",
+            b.what,
+            b.since.elapsed().as_secs_f64(),
+            args.path.join(PROBE_DIR).display()
+        );
+        // Leave without joining: the worker is blocked in the kernel.
+        return ExitCode::from(EXIT_FAILED);
+    }
+    if left_behind {
+        eprintln!(
+            "note: could not remove {} (read-only now, or it holds files that are not \
+             stallwatch's)",
+            args.path.join(PROBE_DIR).display()
+        );
+    }
+    let _ = worker.join();
+    if report.failed_cycles > 0 {
+        ExitCode::from(EXIT_FAILED)
     } else {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            println!("interrupted after {} cycles", cycles.len());
+        ExitCode::SUCCESS
+    }
+}
+
+/// Takes in one cycle: its latencies for the summary, its line (text) or its errors
+/// (JSON, on stderr: the `cycles` objects hold op latencies only).
+fn record(
+    args: &ProbeArgs,
+    keys: &[(Mode, Op, String)],
+    report: &mut Report,
+    seq: u64,
+    lats: Vec<(Mode, Latencies)>,
+    errs: Vec<ops::OpError>,
+) {
+    let mut row = BTreeMap::new();
+    let mut line = format!("cycle {seq}:");
+    for (m, l) in &lats {
+        for (op, d) in l {
+            let key = key_of(keys, *m, *op);
+            let secs = d.as_secs_f64();
+            report.samples.entry(key.clone()).or_default().push(secs);
+            line.push_str(&format!("  {key} {}", human(secs)));
+            row.insert(key, secs);
+        }
+    }
+    if !errs.is_empty() {
+        report.failed_cycles += 1;
+        let e: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        if args.json {
+            eprintln!("cycle {seq}: FAILED: {}", e.join("; "));
+        } else {
+            line.push_str(&format!("  FAILED: {}", e.join("; ")));
+        }
+    }
+    if !args.json {
+        println!("{line}");
+    }
+    report.cycles.push(row);
+}
+
+fn print_report(args: &ProbeArgs, keys: &[(Mode, Op, String)], report: &Report) {
+    let summary: BTreeMap<&String, Summary> = report
+        .samples
+        .iter()
+        .filter_map(|(k, v)| summarize(v).map(|s| (k, s)))
+        .collect();
+    let n = report.cycles.len();
+    if args.json {
+        let out = serde_json::json!({"summary": summary, "cycles": report.cycles});
+        println!("{out}");
+        if interrupted() {
+            eprintln!("interrupted after {n} cycles");
+        }
+        if report.failed_cycles > 0 {
+            eprintln!("{} of {n} cycles failed", report.failed_cycles);
+        }
+    } else {
+        if interrupted() {
+            println!("interrupted after {n} cycles");
         }
         println!(
             "\n{:<18} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "op", "count", "min", "mean", "p50", "p90", "p99", "max"
         );
-        for (_, _, k) in &keys {
-            if let Some(s) = summary.get(k) {
-                println!(
+        for (_, _, k) in keys {
+            match summary.get(k) {
+                Some(s) => println!(
                     "{:<18} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
                     k,
                     s.count,
@@ -319,28 +562,19 @@ pub fn run(args: ProbeArgs) -> ExitCode {
                     human(s.p90),
                     human(s.p99),
                     human(s.max)
-                );
+                ),
+                // An op that never completed still gets its row: count 0 says so.
+                None => println!(
+                    "{:<18} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                    k, 0, "-", "-", "-", "-", "-", "-"
+                ),
             }
+        }
+        if report.failed_cycles > 0 {
+            println!("\n{} of {n} cycles failed", report.failed_cycles);
         }
     }
     let _ = std::io::stdout().flush();
-    if interrupted_blocked {
-        // Leave without joining: the worker is blocked in the kernel.
-        return ExitCode::from(1);
-    }
-    let _ = worker.join();
-    if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-fn key_of(keys: &[(Mode, Op, String)], m: Mode, o: Op) -> String {
-    keys.iter()
-        .find(|(km, ko, _)| *km == m && *ko == o)
-        .map(|(_, _, k)| k.clone())
-        .unwrap_or_else(|| o.to_string())
 }
 
 #[cfg(test)]
@@ -375,6 +609,7 @@ mod tests {
         assert!(k.iter().any(|x| x.2 == "overwrite.write"));
         assert!(k.iter().any(|x| x.2 == "replace.write"));
         assert!(k.iter().any(|x| x.2 == "rename"));
+        assert_eq!(key_of(&k, Mode::Overwrite, Op::Prepare), "overwrite set-up");
     }
 
     #[test]
@@ -382,5 +617,23 @@ mod tests {
         assert_eq!(human(0.0000852), "85.2 us");
         assert_eq!(human(0.00123), "1.23 ms");
         assert_eq!(human(2.5), "2.50 s");
+    }
+
+    #[test]
+    fn interval_and_size_arguments() {
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_interval("soon").is_err());
+        assert!(parse_interval("-1s").is_err());
+        assert_eq!(parse_count("3"), Ok(3));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("-1").is_err());
+        assert!(parse_count("many").is_err());
+        assert_eq!(parse_probe_size("4KiB"), Ok(4096));
+        assert_eq!(parse_probe_size("64MiB"), Ok(64 << 20));
+        assert!(parse_probe_size("65MiB").unwrap_err().contains("64MiB"));
+        assert!(parse_probe_size("0").is_err());
+        assert!(parse_probe_size("4 bananas").is_err());
     }
 }
