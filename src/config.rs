@@ -31,10 +31,12 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// A configuration that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: cannot read: {source}")]
+    // Not a `source`: the message already carries the reason, and `main` prints the
+    // whole chain (`{:#}`), which would repeat it.
+    #[error("{path}: cannot read: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Syntax, type, unknown key or bad value. `message` carries the key path and line.
     #[error("{path}: {message}")]
@@ -285,9 +287,9 @@ const RESERVED_PATHS: [&str; 3] = ["/", "/healthz", "/api/stalls"];
 impl Config {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Config::parse(&text, path)
     }
@@ -328,7 +330,13 @@ fn line_of(text: &str, key: &str, value: &str, nth: usize) -> Option<usize> {
 /// serde_yaml's message, with a line added where it has none: an unknown key at the
 /// top level is reported without a location.
 fn locate(e: &serde_yaml::Error, text: &str) -> String {
-    let msg = e.to_string();
+    // Say what the reader wrote, not the names of our Rust types.
+    let msg = e
+        .to_string()
+        .replace("struct RawConfig", "a mapping of settings")
+        .replace("struct RawDefaults", "a mapping of settings")
+        .replace("struct RawTarget", "a mapping of target settings")
+        .replace("expected i64", "expected an integer");
     let Some(loc) = e.location() else {
         // An unknown key at the top level comes without a location: find its line.
         let key = msg

@@ -6,7 +6,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use procfs::{FromBufRead, IoPressure, VmStat};
+use procfs::{FromBufRead, VmStat};
 
 /// A procfs file could not be read or parsed.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,9 @@ pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
     let stat = VmStat::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| e.to_string())?;
     let pages = |key: &str| -> Result<u64, String> {
         match stat.0.get(key) {
-            Some(&v) if v >= 0 => Ok(v as u64 * page_size),
+            Some(&v) if v >= 0 => (v as u64)
+                .checked_mul(page_size)
+                .ok_or_else(|| format!("{key} is out of range ({v} pages)")),
             Some(v) => Err(format!("{key} is negative ({v})")),
             None => Err(format!("{key} missing")),
         }
@@ -80,16 +82,26 @@ pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
 }
 
 /// Parses `/proc/pressure/io` text (totals are in microseconds there).
+///
+/// Parsed here rather than by procfs, whose parser slices lines by byte offset and
+/// panics on a short or non-ASCII line.
 pub fn parse_pressure(text: &str) -> Result<IoPressureTotals, String> {
-    // procfs indexes the two lines by position and would panic on a short file.
-    if text.lines().filter(|l| !l.trim().is_empty()).count() < 2 {
-        return Err("expected a `some` and a `full` line".to_owned());
-    }
-    let p =
-        IoPressure::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| e.to_string())?;
+    let total = |kind: &str| -> Result<u64, String> {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .ok_or_else(|| format!("expected a `some` and a `full` line, found no `{kind}`"))?;
+        let value = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("total="))
+            .ok_or_else(|| format!("`{kind}` line without total="))?;
+        value
+            .parse::<u64>()
+            .map_err(|_| format!("`{kind}` total is not a count: {value:?}"))
+    };
     Ok(IoPressureTotals {
-        some_seconds: p.some.total as f64 / 1e6,
-        full_seconds: p.full.total as f64 / 1e6,
+        some_seconds: total("some")? as f64 / 1e6,
+        full_seconds: total("full")? as f64 / 1e6,
     })
 }
 
@@ -194,6 +206,8 @@ mod tests {
             "nr_dirty x\n",
             "nr_dirty\n",
             "nr_dirty -3\nnr_writeback 1\nnr_dirty_threshold 100\nnr_dirty_background_threshold 50\nnr_dirtied 1\nnr_written 1\n",
+            // Overflows u64 once in bytes (found by tests/fuzz.rs).
+            "nr_dirty 9223372036854775807\nnr_writeback 1\nnr_dirty_threshold 100\nnr_dirty_background_threshold 50\nnr_dirtied 1\nnr_written 1\n",
         ] {
             assert!(parse_vmstat(bad, 4096).is_err(), "{bad:?} accepted");
         }
@@ -220,6 +234,9 @@ mod tests {
             "some avg10=1.00 avg60=0.50 avg300=0.10 total=1\n",
             "some total=x\nfull total=y\n",
             "garbage\nmore garbage\n",
+            // procfs panicked on these (found by tests/fuzz.rs).
+            "some\nfull\n",
+            "some avg10=0.00 total=1\nfull\u{a1} avg10=0.00 total=2\n",
         ] {
             assert!(parse_pressure(bad).is_err(), "{bad:?} accepted");
         }

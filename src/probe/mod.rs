@@ -281,6 +281,8 @@ pub struct Worker {
     /// The filesystem first seen at a mount-point target; another one later is refused.
     expected: Option<Mount>,
     cleaned_leftovers: bool,
+    /// The probe directory was opened once: finding it missing later is news.
+    had_dir: bool,
     seq: u64,
 }
 
@@ -309,6 +311,7 @@ impl Worker {
             ctx,
             expected: None,
             cleaned_leftovers: false,
+            had_dir: false,
             seq: 0,
         }
     }
@@ -448,6 +451,13 @@ impl Worker {
         let mut errors: Vec<OpError> = Vec::new();
         match self.open_dir(want_id, &rec) {
             Ok(dir) => {
+                // Removed between two cycles: nothing failed, so nothing is counted,
+                // but someone is deleting our directory and should hear of it.
+                if dir.created && self.had_dir {
+                    warn!(target = %name, path = %probe_dir_of(&self.shared.target.path).display(),
+                        "the probe directory had vanished since the last cycle; created it again");
+                }
+                self.had_dir = true;
                 if !self.cleaned_leftovers {
                     let n = dir.remove_own_files();
                     if n > 0 {
@@ -487,8 +497,16 @@ impl Worker {
             .set(read_only as i64);
         let mut st = lock(&self.shared.status);
         st.cycles += 1;
-        st.read_only = read_only;
+        let was_read_only = std::mem::replace(&mut st.read_only, read_only);
         drop(st);
+        // Once per change, like the state: a read-only filesystem stays so for hours.
+        if read_only && !was_read_only {
+            warn!(target = %name, path = %self.shared.target.path.display(),
+                "the filesystem is read-only (ro or emergency_ro in its options, or EROFS)");
+        } else if was_read_only && !read_only {
+            info!(target = %name, path = %self.shared.target.path.display(),
+                "the filesystem is writable again");
+        }
         if errors.is_empty() {
             let now = SystemTime::now();
             m.target_up.with_label_values(&[&name]).set(1);

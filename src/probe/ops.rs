@@ -192,6 +192,8 @@ pub struct ProbeDir {
     fd: OwnedFd,
     /// Alignment for O_DIRECT offsets and sizes.
     pub direct_align: Option<u64>,
+    /// This open created the directory (it was missing).
+    pub created: bool,
 }
 
 /// The mount id of an open descriptor (statx `STATX_MNT_ID`, Linux 5.8+), so that the
@@ -278,8 +280,23 @@ fn open_dir(
     create: bool,
 ) -> Result<ProbeDir, PrepareError> {
     let err = |failure, context: String| PrepareError { failure, context };
-    let parent = nix::fcntl::open(path, DIR_FLAGS, FileMode::empty())
-        .map_err(|e| err(Failure::Errno(e), format!("open {}", path.display())))?;
+    let parent = nix::fcntl::open(path, DIR_FLAGS, FileMode::empty()).map_err(|e| {
+        // O_NOFOLLOW|O_DIRECTORY on a symlink answers ENOTDIR (or ELOOP), which would
+        // send the reader looking for a file; say what it is.
+        let symlink = matches!(e, Errno::ENOTDIR | Errno::ELOOP)
+            && path.symlink_metadata().is_ok_and(|m| m.is_symlink());
+        if symlink {
+            err(
+                Failure::UnsafeDir,
+                format!(
+                    "{} is a symlink, which is not followed: configure the directory it points to",
+                    path.display()
+                ),
+            )
+        } else {
+            err(Failure::Errno(e), format!("open {}", path.display()))
+        }
+    })?;
     if let Some(want) = expected_mount {
         match mount_id(&parent) {
             Ok(id) if id != want => {
@@ -295,9 +312,14 @@ fn open_dir(
     // access even when the directory exists, and would block on a frozen filesystem
     // before the probe's own timed operations.
     let open = || openat(&parent, PROBE_DIR, DIR_FLAGS, FileMode::empty());
+    let mut created = false;
     let opened = match open() {
         Err(Errno::ENOENT) if create => match mkdirat(&parent, PROBE_DIR, FileMode::S_IRWXU) {
-            Ok(()) | Err(Errno::EEXIST) => open(),
+            Ok(()) => {
+                created = true;
+                open()
+            }
+            Err(Errno::EEXIST) => open(),
             Err(e) => {
                 return Err(err(
                     Failure::Errno(e),
@@ -341,7 +363,11 @@ fn open_dir(
         ));
     }
     let direct_align = direct_alignment(&fd);
-    Ok(ProbeDir { fd, direct_align })
+    Ok(ProbeDir {
+        fd,
+        direct_align,
+        created,
+    })
 }
 
 /// File names the agent owns in its directory; only these are ever removed.
@@ -603,14 +629,26 @@ pub fn run_mode(
             }
         }
         Mode::Direct => {
-            let Some(align) = dir.direct_align else {
+            // statx reports STATX_DIOALIGN for regular files only (XFS and ext4 say
+            // nothing for a directory), so ask the data file itself, opened buffered.
+            let plain = open_prealloc(
+                &mut t,
+                dir,
+                DIRECT_FILE,
+                spec.size.div_ceil(4096) * 4096,
+                OFlag::empty(),
+            )?;
+            let Some(align) = direct_alignment(&plain) else {
                 return Err(OpError {
                     mode,
                     op: Op::Prepare,
                     failure: Failure::Errno(Errno::EINVAL),
-                    context: "the filesystem does not support O_DIRECT (statx reports no direct I/O alignment)".into(),
+                    context: format!(
+                        "this filesystem does not support direct I/O (statx reports no O_DIRECT alignment for {DIRECT_FILE})"
+                    ),
                 });
             };
+            drop(plain);
             let size = spec.size.div_ceil(align) * align;
             let fd = open_prealloc(
                 &mut t,
@@ -621,14 +659,20 @@ pub fn run_mode(
             )
             .map_err(|mut e| {
                 if e.failure == Failure::Errno(Errno::EINVAL) {
-                    e.context = "the filesystem refuses O_DIRECT (EINVAL on open)".into();
+                    e.context = format!(
+                        "this filesystem does not support direct I/O (open of {DIRECT_FILE} with O_DIRECT|O_DSYNC refused)"
+                    );
                 }
                 e
             })?;
             let buf = AlignedBuf::new(size as usize, align.max(4096) as usize, fill);
             t.run(
                 Op::Write,
-                || format!("O_DIRECT|O_DSYNC pwrite {size} bytes to {DIRECT_FILE}"),
+                || {
+                    format!(
+                        "O_DIRECT|O_DSYNC pwrite {size} bytes to {DIRECT_FILE} (alignment {align})"
+                    )
+                },
                 || write_all_at(&fd, buf.as_slice()),
             )?;
         }
@@ -746,6 +790,21 @@ mod tests {
         let e = run_mode(Mode::Overwrite, &dir, &spec(1), &NoObserver).unwrap_err();
         assert_eq!(e.failure, Failure::Errno(Errno::ELOOP));
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn symlinked_target_is_refused_and_creation_is_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("link");
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = open_probe_dir(&link, None).err().unwrap();
+        assert_eq!(e.failure, Failure::UnsafeDir);
+        assert!(e.context.contains("is a symlink"), "{e}");
+        assert!(!real.join(PROBE_DIR).exists());
+        assert!(open_probe_dir(&real, None).unwrap().created);
+        assert!(!open_probe_dir(&real, None).unwrap().created);
     }
 
     #[test]

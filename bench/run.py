@@ -1,0 +1,873 @@
+#!/usr/bin/env python3
+"""stallwatch benchmark: accuracy, overhead, scrape cost, detection delay, cardinality.
+
+One command, run as root from anywhere:
+
+    bench/run.py                 # full run, about 5 minutes
+    bench/run.py --quick         # smoke run (short windows, fewer rounds), about 1 minute
+
+It needs the release binary (cargo build --release), fio, ioping, strace,
+prometheus-node-exporter, mkfs.xfs, mkfs.ext4, losetup, fsfreeze. It creates its own
+loop filesystems in a temporary directory and undoes everything (thaw, stop its own
+processes by pid, unmount, detach, delete) on every exit path, Ctrl-C included.
+
+Exit status: 0 when the run completed (goals met or not; the table says which, and
+--strict turns a missed goal into 1), 1 when a measurement could not be taken, 2 on a
+setup failure (missing tool, not root, agent does not start).
+
+Everything is measured side by side and interleaved: rounds alternate the tools and
+the filesystems, scrape requests alternate the servers, so drift on a shared machine
+hits every column alike. Quoted figures are medians over rounds; ratios are medians of
+the per-round ratios.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class SetupError(Exception):
+    """The benchmark cannot run here (exit 2)."""
+
+
+class MeasureError(Exception):
+    """A measurement could not be taken (exit 1)."""
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Undo stack: everything the run creates registers its undo here, run LIFO on every exit.
+
+
+class Undo:
+    def __init__(self):
+        self.stack = []
+        self.frozen = set()
+        self.lock = threading.Lock()
+
+    def push(self, what, fn):
+        with self.lock:
+            self.stack.append((what, fn))
+
+    def run_all(self):
+        # Thaw first, whatever the order: a frozen filesystem blocks its processes,
+        # and a blocked process can be neither stopped nor unmounted under.
+        for d in list(self.frozen):
+            thaw(d, self)
+        while True:
+            with self.lock:
+                if not self.stack:
+                    break
+                what, fn = self.stack.pop()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - keep undoing the rest
+                print(f"cleanup: {what}: {e}", file=sys.stderr)
+
+
+UNDO = Undo()
+
+
+def thaw(d, undo=UNDO):
+    subprocess.run(["fsfreeze", "-u", str(d)], capture_output=True, timeout=30)
+    undo.frozen.discard(d)
+
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(cmd, timeout=60, check=True, **kw):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise MeasureError(f"{cmd[0]} timed out after {timeout}s") from e
+    if check and r.returncode != 0:
+        raise MeasureError(f"{' '.join(map(str, cmd))}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
+    return r
+
+
+def start_proc(cmd, log_path, what):
+    """Starts a process in its own session (a Ctrl-C reaches only us); stopped by pid."""
+    f = open(log_path, "w")
+    p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    f.close()
+    UNDO.push(f"stop {what} (pid {p.pid})", lambda: stop_proc(p))
+    return p
+
+
+def stop_proc(p, grace=10):
+    if p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics
+
+
+def pct(values, p):
+    """Nearest-rank percentile (the same definition stallwatch probe uses)."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = max(1, min(len(s), -(-len(s) * p // 100)))
+    return s[int(k) - 1]
+
+
+def med(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def us(s):
+    return "n/a" if s != s else f"{s * 1e6:.0f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def ms(s):
+    return "n/a" if s != s else f"{s * 1e3:.2f} ms"
+
+
+def ratio(a, b):
+    return a / b if b and a == a and b == b else float("nan")
+
+
+# ---------------------------------------------------------------------------------------
+# Loop filesystems
+
+
+class Fs:
+    def __init__(self, work, kind, idx):
+        self.kind = kind
+        self.name = f"{kind[0]}{idx}"  # x0, e0, ...
+        self.img = work / f"{self.name}.img"
+        self.mnt = work / "mnt" / self.name
+        self.dev = None
+
+    def create(self):
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        UNDO.push(f"rmdir {self.mnt}", lambda: self.mnt.rmdir())
+        # XFS refuses images under 300 MiB; sparse, so the size costs nothing.
+        run(["truncate", "-s", "320M", str(self.img)])
+        UNDO.push(f"rm {self.img}", lambda: self.img.unlink())
+        self.dev = run(["losetup", "-f", "--show", str(self.img)]).stdout.strip()
+        UNDO.push(f"losetup -d {self.dev}", lambda: run(["losetup", "-d", self.dev], check=False))
+        if self.kind == "xfs":
+            run(["mkfs.xfs", "-q", "-f", self.dev])
+        else:
+            run(["mkfs.ext4", "-q", "-F", self.dev])
+        run(["mount", self.dev, str(self.mnt)])
+        UNDO.push(f"umount {self.mnt}", lambda: umount(self.mnt))
+        (self.mnt / "ioping").mkdir()
+        (self.mnt / "fio").mkdir()
+        self.fio_file = self.mnt / "fio" / "fio.dat"
+        with open(self.fio_file, "wb") as f:
+            f.write(os.urandom(4096))
+            f.flush()
+            os.fsync(f.fileno())
+        return self
+
+
+def umount(mnt):
+    for _ in range(10):  # a process we just stopped may still hold it for a moment
+        if run(["umount", str(mnt)], timeout=60, check=False).returncode == 0:
+            return
+        time.sleep(0.5)
+    run(["umount", "-l", str(mnt)], timeout=60)
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP
+
+
+class Client:
+    """A keep-alive HTTP/1.1 client for one server; times a request to the last byte."""
+
+    def __init__(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.conn = None
+
+    def get(self, path="/metrics", gzip=False, timeout=5):
+        headers = {"Accept-Encoding": "gzip"} if gzip else {"Accept-Encoding": "identity"}
+        for attempt in (1, 2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            try:
+                t0 = time.perf_counter()
+                self.conn.request("GET", path, headers=headers)
+                r = self.conn.getresponse()
+                body = r.read()
+                dt = time.perf_counter() - t0
+                if r.status != 200:
+                    raise MeasureError(f"GET {path} on {self.host}:{self.port}: HTTP {r.status}")
+                return body, dt, r.getheader("Content-Encoding")
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError
+
+    def close(self):
+        if self.conn:
+            self.conn.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def samples(text):
+    """Non-comment lines of a Prometheus text scrape."""
+    return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+def metric_values(text, name, target):
+    pat = re.compile(r'^' + re.escape(name) + r'\{([^}]*)\} (\S+)$')
+    out = []
+    for ln in text.splitlines():
+        m = pat.match(ln)
+        if m and f'target="{target}"' in m.group(1):
+            out.append(float(m.group(2)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Agent
+
+
+class Agent:
+    def __init__(self, binary, work, name, config):
+        self.cfg = work / f"{name}.yaml"
+        self.log = work / f"{name}.log"
+        self.cfg.write_text(config)
+        self.proc = start_proc([str(binary), "--config", str(self.cfg),
+                                "--web.listen-address", "127.0.0.1:0"], self.log, f"stallwatch {name}")
+        self.addr = None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on (\S+?)\"? ", self.log.read_text())
+            if m:
+                self.addr = m.group(1)
+                break
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not self.addr:
+            raise SetupError(f"stallwatch did not start ({self.log}):\n{self.log.read_text()[-2000:]}")
+        self.client = Client(self.addr)
+
+    def scrape(self):
+        return self.client.get()[0].decode()
+
+    def stop(self):
+        self.client.close()
+        stop_proc(self.proc)
+
+
+def target_yaml(fss, extra=""):
+    return "targets:\n" + "".join(f"  - path: {f.mnt}\n    name: {f.name}\n{extra}" for f in fss)
+
+
+def proc_stat(pid):
+    """(cpu seconds utime+stime, VmRSS KiB, VmHWM KiB, threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    st = Path(f"/proc/{pid}/status").read_text()
+    get = lambda k: int(re.search(rf"^{k}:\s+(\d+)", st, re.M).group(1))  # noqa: E731
+    return cpu, get("VmRSS"), get("VmHWM"), get("Threads")
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Accuracy
+
+
+def run_stallwatch_probe(binary, fs, n):
+    cmd = [str(binary), "probe", str(fs.mnt), "--mode", "overwrite", "--sync", "fdatasync",
+           "--count", str(n), "--interval", "0", "--size", "4KiB", "--json"]
+    t0 = time.perf_counter()
+    r = run(cmd, timeout=120)
+    wall = time.perf_counter() - t0
+    j = json.loads(r.stdout)
+    cyc = j["cycles"]
+    if len(cyc) != n or any("error" in c for c in cyc):
+        raise MeasureError(f"stallwatch probe on {fs.mnt}: {len(cyc)} cycles, errors: "
+                           f"{[c['error'] for c in cyc if 'error' in c][:3]}")
+    w = [c["write"] for c in cyc]
+    s = [c["fdatasync"] for c in cyc]
+    summ = j["summary"]
+    for k in ("write", "fdatasync"):
+        if set(summ[k]) != {"count", "min", "mean", "p50", "p90", "p99", "max"}:
+            raise MeasureError(f"stallwatch probe --json summary keys: {sorted(summ[k])}")
+    return {"write": w, "sync": s, "total": [a + b for a, b in zip(w, s)], "wall": wall}
+
+
+def run_ioping(fs, n):
+    # -c counts the warm-up request ioping discards; -p 1 -q: one raw line per request:
+    # count, time_ns, iops, bytes/s, min, avg, max, mdev, requests, wall_ns (of the period).
+    cmd = ["ioping", "-W", "-s", "4k", "-S", "4k", "-c", str(n + 1), "-i", "0", "-p", "1", "-q",
+           str(fs.mnt / "ioping")]
+    r = run(cmd, timeout=120)
+    lat, gap = [], []
+    for i, ln in enumerate(r.stdout.splitlines()):
+        f = ln.split()
+        if len(f) != 10:
+            continue
+        lat.append(int(f[1]) / 1e9)
+        if i > 0:  # the first period also holds the warm-up request
+            gap.append((int(f[9]) - int(f[1])) / 1e9)
+    if len(lat) != n:
+        raise MeasureError(f"ioping printed {len(lat)} requests, expected {n}: {r.stdout[-300:]}")
+    return {"total": lat, "gap": gap}
+
+
+def run_fio(fs, n, work, tag):
+    # randwrite + norandommap over a 4 KiB file: every request rewrites offset 0 without
+    # fio's end-of-file wrap (which reopens the file and adds a sync of a clean file).
+    logdir = work / "fio-logs"
+    logdir.mkdir(exist_ok=True)
+    prefix = logdir / tag
+    cmd = ["fio", "--name=acc", f"--filename={fs.fio_file}", "--rw=randwrite", "--norandommap",
+           "--randrepeat=0", "--bs=4k", "--size=4k", f"--io_size={4 * n}k", "--ioengine=psync",
+           "--fdatasync=1", "--invalidate=0", "--percentile_list=50:99", "--output-format=json",
+           f"--write_lat_log={prefix}", "--log_avg_msec=0"]
+    r = run(cmd, timeout=180)
+    job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    clat = [int(ln.split(",")[1]) / 1e9 for ln in open(f"{prefix}_clat.1.log") if ln.strip()]
+    for f in logdir.glob(f"{tag}_*.log"):
+        f.unlink()
+    sync = job["sync"]["lat_ns"]
+    return {"write": clat, "write_n": job["write"]["total_ios"],
+            "sync_p50": sync["percentile"]["50.000000"] / 1e9,
+            "sync_p99": sync["percentile"]["99.000000"] / 1e9, "sync_n": sync["N"]}
+
+
+def fio_syscall_mix(fs, work):
+    """strace -f -c of fio with the variant we use and with the obvious one (rw=write)."""
+    out = {}
+    for label, extra in (("randwrite+norandommap (used)", ["--rw=randwrite", "--norandommap"]),
+                         ("rw=write, io_size wraps", ["--rw=write"])):
+        cmd = ["strace", "-f", "-c", "-e", "trace=pwrite64,fdatasync,fsync,openat,fadvise64",
+               "fio", "--name=mix", f"--filename={fs.fio_file}", *extra, "--bs=4k", "--size=4k",
+               "--io_size=200k", "--ioengine=psync", "--fdatasync=1", "--invalidate=0",
+               "--output=/dev/null"]
+        r = run(cmd, timeout=60, cwd=work)
+        counts = {}
+        for ln in r.stderr.splitlines():
+            f = ln.split()
+            if f and f[-1] in ("pwrite64", "fdatasync", "fsync", "fadvise64"):
+                counts[f[-1]] = int(f[3])
+        out[label] = counts
+    return out
+
+
+def accuracy(args, fss):
+    res = {f.name: {"sw": [], "io": [], "fio": [], "gap": [], "io_gap": []} for f in fss}
+    tools = ["sw", "io", "fio"]
+    for rnd in range(args.rounds):
+        order = tools[rnd % 3:] + tools[:rnd % 3]
+        for fs in (fss if rnd % 2 == 0 else fss[::-1]):
+            r = res[fs.name]
+            for t in order:
+                if t == "sw":
+                    full = run_stallwatch_probe(args.bin, fs, args.count)
+                    one = run_stallwatch_probe(args.bin, fs, 1)
+                    r["sw"].append(full)
+                    # Per-cycle time outside the timed calls: the wall time not covered by
+                    # the reported latencies, less the fixed start/exit cost of a 1-cycle run.
+                    r["gap"].append(((full["wall"] - sum(full["total"]))
+                                     - (one["wall"] - sum(one["total"]))) / (args.count - 1))
+                elif t == "io":
+                    x = run_ioping(fs, args.count)
+                    r["io"].append(x)
+                    r["io_gap"].append(med(x["gap"]))
+                else:
+                    r["fio"].append(run_fio(fs, args.count, args.work, f"{fs.name}-{rnd}"))
+        log(f"accuracy round {rnd + 1}/{args.rounds}: " + "; ".join(
+            f"{n} p50/p99 stallwatch {us(pct(r['sw'][-1]['total'], 50))}/{us(pct(r['sw'][-1]['total'], 99))}"
+            f" ioping {us(pct(r['io'][-1]['total'], 50))}/{us(pct(r['io'][-1]['total'], 99))}"
+            f" fio sync {us(r['fio'][-1]['sync_p50'])}/{us(r['fio'][-1]['sync_p99'])}"
+            for n, r in res.items()))
+    out = {}
+    for name, r in res.items():
+        rows = {}
+        for p in (50, 99):
+            swp = [pct(x["total"], p) for x in r["sw"]]
+            iop = [pct(x["total"], p) for x in r["io"]]
+            rows[f"total_p{p}"] = (med(swp), med(iop),
+                                   med([pct(x["write"], p) + x[f"sync_p{p}"] for x in r["fio"]]),
+                                   med([ratio(a, b) for a, b in zip(swp, iop)]))
+            swp = [pct(x["write"], p) for x in r["sw"]]
+            fip = [pct(x["write"], p) for x in r["fio"]]
+            rows[f"write_p{p}"] = (med(swp), float("nan"), med(fip),
+                                   med([ratio(a, b) for a, b in zip(swp, fip)]))
+            swp = [pct(x["sync"], p) for x in r["sw"]]
+            fip = [x[f"sync_p{p}"] for x in r["fio"]]
+            rows[f"sync_p{p}"] = (med(swp), float("nan"), med(fip),
+                                  med([ratio(a, b) for a, b in zip(swp, fip)]))
+        rows["gap"] = (med(r["gap"]), med(r["io_gap"]))
+        rows["fio_counts"] = (r["fio"][0]["write_n"], r["fio"][0]["sync_n"])
+        out[name] = rows
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 2 + 3. Overhead and scrape cost, against node_exporter, concurrently
+
+
+def overhead_and_scrape(args, fss):
+    cfg = ("listen_address: 127.0.0.1:0\ndefaults:\n  interval: 1s\n" + target_yaml(fss))
+    agent = Agent(args.bin, args.work, "agent8", cfg)
+    port = free_port()
+    ne = start_proc([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}"],
+                    args.work / "node_exporter.log", "node_exporter")
+    nec = Client(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            nec.get()
+            break
+        except (OSError, http.client.HTTPException, MeasureError):
+            if time.monotonic() > deadline or ne.poll() is not None:
+                raise SetupError(f"node_exporter did not start:\n"
+                                 f"{(args.work / 'node_exporter.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+    time.sleep(2)  # both past start-up: first probe cycles done, collectors initialised
+    a0, n0 = proc_stat(agent.proc.pid), proc_stat(ne.pid)
+    t0 = time.monotonic()
+    scrapes = 0
+    log(f"overhead window: {args.window:.0f} s, agent {agent.addr} and node_exporter "
+        f"127.0.0.1:{port} scraped every 15 s")
+    while True:
+        agent.scrape()
+        nec.get()
+        scrapes += 1
+        nxt = t0 + 15 * scrapes
+        if nxt >= t0 + args.window:
+            break
+        time.sleep(max(0, nxt - time.monotonic()))
+    time.sleep(max(0, t0 + args.window - time.monotonic()))
+    el = time.monotonic() - t0
+    a1, n1 = proc_stat(agent.proc.pid), proc_stat(ne.pid)
+    text8 = agent.scrape()
+    cycles = sum(sum(metric_values(text8, "stallwatch_probes_total", f.name)) for f in fss)
+    errs = [ln for ln in samples(text8) if ln.startswith("stallwatch_probe_errors_total")]
+    up = sum(metric_values(text8, "stallwatch_target_up", f.name)[0] for f in fss)
+    over = {
+        "window": el, "scrapes": scrapes, "cycles": cycles, "errors": errs, "up": up,
+        "sw": {"cpu": a1[0] - a0[0], "rss": a1[1], "hwm": a1[2], "threads": a1[3]},
+        "ne": {"cpu": n1[0] - n0[0], "rss": n1[1], "hwm": n1[2], "threads": n1[3]},
+        "series8": len(samples(text8)),
+    }
+
+    log(f"scrape cost: {args.requests} sequential requests per server and encoding, interleaved")
+    combos = [("sw", False), ("ne", False), ("sw", True), ("ne", True)]
+    clients = {("sw", False): agent.client, ("ne", False): nec,
+               ("sw", True): Client(agent.addr), ("ne", True): Client(f"127.0.0.1:{port}")}
+    times = {c: [] for c in combos}
+    sizes = {c: [] for c in combos}
+    c0 = {"sw": proc_stat(agent.proc.pid)[0], "ne": proc_stat(ne.pid)[0]}
+    for i in range(args.requests):
+        for c in combos[i % 4:] + combos[:i % 4]:
+            body, dt, enc = clients[c].get(gzip=c[1])
+            if c[1] and enc != "gzip":
+                raise MeasureError(f"{c[0]} did not gzip /metrics (Content-Encoding: {enc})")
+            times[c].append(dt)
+            sizes[c].append(len(body))
+    c1 = {"sw": proc_stat(agent.proc.pid), "ne": proc_stat(ne.pid)}
+    scrape = {c: {"p50": pct(times[c], 50), "p99": pct(times[c], 99), "max": max(times[c]),
+                  "bytes": med(sizes[c])} for c in combos}
+    for k in ("sw", "ne"):
+        scrape[k] = {"cpu_per_scrape": (c1[k][0] - c0[k]) / (2 * args.requests),
+                     "hwm_after": c1[k][2]}
+    for c in clients.values():
+        c.close()
+    agent.stop()
+    stop_proc(ne)
+    return over, scrape
+
+
+# ---------------------------------------------------------------------------------------
+# 5. Series count
+
+
+def series_count(args, fss):
+    agent = Agent(args.bin, args.work, "agent4", "listen_address: 127.0.0.1:0\n" + target_yaml(fss))
+    deadline = time.monotonic() + 15
+    while True:
+        text = agent.scrape()
+        ups = [metric_values(text, "stallwatch_target_up", f.name) for f in fss]
+        if all(u == [1.0] for u in ups):
+            break
+        if time.monotonic() > deadline:
+            raise MeasureError(f"targets not up after 15 s: {ups}")
+        time.sleep(0.2)
+    agent.stop()
+    lines = samples(text)
+    per_target = {f.name: [ln for ln in lines if f'target="{f.name}"' in ln] for f in fss}
+    device = [ln for ln in lines if "target=" not in ln and "device=" in ln]
+    glob = [ln for ln in lines if "target=" not in ln and "device=" not in ln]
+    fams = {}
+    for ln in per_target[fss[0].name]:
+        n = re.sub(r"_(bucket|sum|count)$", "", ln.split("{")[0])
+        fams[n] = fams.get(n, 0) + 1
+    return {"total": len(lines), "per_target": {k: len(v) for k, v in per_target.items()},
+            "device": len(device), "devices": len({re.search(r'device="([^"]+)"', ln).group(1)
+                                                   for ln in device}),
+            "global": len(glob), "families": fams}
+
+
+# ---------------------------------------------------------------------------------------
+# 4. Detection delay under fsfreeze
+
+
+class LineReader(threading.Thread):
+    """Collects (monotonic time, line) from a pipe as lines arrive."""
+
+    def __init__(self, pipe):
+        super().__init__(daemon=True)
+        self.pipe, self.lines = pipe, []
+
+    def run(self):
+        for ln in self.pipe:
+            self.lines.append((time.monotonic(), ln.rstrip("\n")))
+
+
+def detection(args, fs):
+    thr, interval, hold = 1.0, 0.2, 2.0
+    cfg = (f"listen_address: 127.0.0.1:0\nstall_threshold: {thr:g}s\ndefaults:\n"
+           f"  interval: {int(interval * 1000)}ms\n" + target_yaml([fs]))
+    agent = Agent(args.bin, args.work, "agent-freeze", cfg)
+    # ioping next to it, as an operator would run it: one request every 200 ms.
+    io = subprocess.Popen(["stdbuf", "-oL", "ioping", "-W", "-s", "4k", "-S", "4k", "-i", "200ms",
+                           "-w", "60s", str(fs.mnt / "ioping")], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    UNDO.push(f"stop ioping (pid {io.pid})", lambda: stop_proc(io))
+    ior = LineReader(io.stdout)
+    ior.start()
+    time.sleep(1.5)
+    trials = []
+    for k in range(args.freezes):
+        time.sleep(0.5 + random.uniform(0, interval))
+        text = agent.scrape()
+        base = sum(metric_values(text, "stallwatch_stalls_total", fs.name))
+        if max(metric_values(text, "stallwatch_probe_inflight_seconds", fs.name)) > 0.1:
+            log("note: a probe op was already slow before the freeze")
+        t0 = time.monotonic()
+        fz = subprocess.Popen(["sh", "-c", 'fsfreeze -f "$1" && echo frozen; sleep "$2"; '
+                               'fsfreeze -u "$1"; echo thawed', "sh", str(fs.mnt), str(hold)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+        UNDO.frozen.add(fs.mnt)  # the child thaws by itself too, even if we die
+        fzr = LineReader(fz.stdout)
+        fzr.start()
+        t_inflight = t_stall = None
+        age_seen = None
+        polls = 0
+        while time.monotonic() - t0 < hold - 0.1 and (t_inflight is None or t_stall is None):
+            tp = time.monotonic()
+            text = agent.scrape()
+            tr = time.monotonic()
+            polls += 1
+            infl = max(metric_values(text, "stallwatch_probe_inflight_seconds", fs.name))
+            if t_inflight is None and infl > 0:
+                t_inflight, age_seen = tr - t0, infl
+            if t_stall is None and sum(metric_values(text, "stallwatch_stalls_total", fs.name)) > base:
+                t_stall = tr - t0
+            time.sleep(max(0, 0.02 - (time.monotonic() - tp)))
+        try:
+            fz.wait(hold + 30)
+        finally:
+            thaw(fs.mnt)
+        fzr.join(2)
+        t_frozen = next((t - t0 for t, ln in fzr.lines if ln == "frozen"), float("nan"))
+        t_thawed = next((t - t0 for t, ln in fzr.lines if ln == "thawed"), float("nan"))
+        time.sleep(0.5)
+        trials.append({"inflight": t_inflight, "stall": t_stall, "age": age_seen,
+                       "frozen": t_frozen, "thawed": t_thawed, "polls": polls, "t0": t0})
+        log(f"freeze {k + 1}/{args.freezes}: in-flight at {t_inflight}, stall at {t_stall}")
+    time.sleep(0.5)
+    stall_events = json.loads(agent.client.get("/api/stalls")[0])
+    agent.stop()
+    stop_proc(io)
+    # What ioping printed: for each freeze, its first line after the freeze began.
+    for tr in trials:
+        # Lines arriving in the first 0.3 s belong to requests issued before the freeze.
+        after = [(t - tr["t0"], ln) for t, ln in ior.lines
+                 if t >= tr["t0"] + 0.3 and "request=" in ln]
+        tr["ioping"] = after[0] if after else None
+    return {"threshold": thr, "interval": interval, "hold": hold, "trials": trials,
+            "events": len(stall_events)}
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def machine():
+    cpu = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    mem = re.search(r"^MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text(), re.M)
+    virt = run(["systemd-detect-virt"], check=False).stdout.strip() if shutil.which(
+        "systemd-detect-virt") else "?"
+    return {
+        "nproc": os.cpu_count(), "cpu": cpu.group(1) if cpu else "?",
+        "kernel": os.uname().release, "mem_gib": int(mem.group(1)) / 2**20 if mem else 0,
+        "virt": virt,
+    }
+
+
+def versions(binary, work):
+    v = {}
+    for name, cmd in (("stallwatch", [str(binary), "--version"]), ("fio", ["fio", "--version"]),
+                      ("ioping", ["ioping", "-v"]),
+                      ("node_exporter", [NODE_EXPORTER, "--version"]),
+                      ("mkfs.xfs", ["mkfs.xfs", "-V"]), ("mke2fs", ["mke2fs", "-V"])):
+        r = run(cmd, check=False, cwd=work)
+        v[name] = (r.stdout + r.stderr).strip().splitlines()[0] if (r.stdout + r.stderr).strip() else "?"
+    return v
+
+
+def table(rows, head):
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    fmt = lambda r: "  ".join(str(x).ljust(w[i]) if i == 0 else str(x).rjust(w[i])  # noqa: E731
+                              for i, x in enumerate(r))
+    print(fmt(head))
+    print("  ".join("-" * x for x in w))
+    for r in rows:
+        print(fmt(r))
+
+
+def report(args, mach, vers, backing, acc, mix, over, scrape, det, ser, goals):
+    print()
+    print("stallwatch benchmark")
+    print(f"machine: {mach['nproc']} CPUs, {mach['cpu']}, {mach['mem_gib']:.1f} GiB, kernel "
+          f"{mach['kernel']}, virtualisation: {mach['virt']}")
+    print(f"loop images: sparse 320 MiB files on {backing} (buffered loop, no direct I/O)")
+    print("versions: " + "; ".join(f"{k} {v}" for k, v in vers.items()))
+    print(f"command: {' '.join(sys.argv)}")
+
+    if acc:
+        print(f"\n1. Accuracy: 4 KiB pwrite at offset 0 + fdatasync, {args.count} requests per run, "
+              f"{args.rounds} interleaved rounds per filesystem; median over rounds of each run's "
+              "p50/p99; ratios are medians of per-round ratios")
+        rows = []
+        for fs, r in acc.items():
+            for key, label, cmp_ in (("total_p50", "write+fdatasync p50", "ioping"),
+                                     ("total_p99", "write+fdatasync p99", "ioping"),
+                                     ("write_p50", "write p50", "fio"),
+                                     ("write_p99", "write p99", "fio"),
+                                     ("sync_p50", "fdatasync p50", "fio"),
+                                     ("sync_p99", "fdatasync p99", "fio")):
+                sw, io, fi, rt = r[key]
+                fio_s = ("≈" + us(fi)) if key.startswith("total") else us(fi)
+                rows.append((fs, label, us(sw), us(io), fio_s, f"{rt:.3f} vs {cmp_}"))
+        table(rows, ("fs", "latency", "stallwatch", "ioping", "fio", "stallwatch/ref"))
+        print("   fio ≈: fio times the pwrite and the fdatasync separately (clat log, sync "
+              "percentiles); ≈ is the sum of the two percentiles, shown for scale only.")
+        for fs, r in acc.items():
+            print(f"   {fs}: time per cycle outside the timed calls: stallwatch {us(r['gap'][0])}"
+                  f" (open+fstat+close of the probe file, bookkeeping), ioping {us(r['gap'][1])} per "
+                  f"request; fio run: {r['fio_counts'][0]} writes, {r['fio_counts'][1]} syncs timed")
+        print("   fio syscall mix (strace -f -c, 50 requests of 4 KiB): " + "; ".join(
+            f"{k}: " + ", ".join(f"{n}={c}" for n, c in v.items()) for k, v in mix.items()))
+
+    if over:
+        win = over["window"]
+        print(f"\n2. Overhead over {win:.0f} s, both running concurrently, each scraped every 15 s "
+              f"({over['scrapes']} scrapes); agent: 8 loop targets (4 XFS, 4 ext4), interval 1 s, "
+              f"default modes (create, overwrite+fsync); {over['cycles']:.0f} mode cycles, "
+              f"{over['up']:.0f}/8 targets up, {len(over['errors'])} error series")
+        rows = []
+        for k, name in (("sw", "stallwatch"), ("ne", "node_exporter")):
+            o = over[k]
+            rows.append((name, f"{o['cpu']:.2f} s", f"{100 * o['cpu'] / win:.3f} %",
+                         f"{o['hwm'] / 1024:.1f} MiB", f"{o['rss'] / 1024:.1f} MiB", o["threads"]))
+        table(rows, ("process", "CPU (utime+stime)", "of one core", "peak RSS (VmHWM)",
+                     "RSS at end", "threads"))
+        print(f"   ratio stallwatch/node_exporter: CPU {ratio(over['sw']['cpu'], over['ne']['cpu']):.3f}, "
+              f"peak RSS {ratio(over['sw']['hwm'], over['ne']['hwm']):.3f}")
+
+    if scrape:
+        print(f"\n3. Scrape cost: GET /metrics, {args.requests} sequential keep-alive requests per "
+              "row, the four rows interleaved; time from request to last byte (Python http.client)")
+        rows = []
+        for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
+                              (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
+            s = scrape[(k, gz)]
+            rows.append((name, ms(s["p50"]), ms(s["p99"]), ms(s["max"]), f"{s['bytes']:.0f}"))
+        table(rows, ("server", "p50", "p99", "max", "bytes"))
+        for gz, lab in ((False, "plain"), (True, "gzip")):
+            print(f"   p99 ratio stallwatch/node_exporter ({lab}): "
+                  f"{ratio(scrape[('sw', gz)]['p99'], scrape[('ne', gz)]['p99']):.3f}")
+        print(f"   server CPU per scrape (mean over the burst): stallwatch "
+              f"{scrape['sw']['cpu_per_scrape'] * 1e3:.2f} ms, node_exporter "
+              f"{scrape['ne']['cpu_per_scrape'] * 1e3:.2f} ms; peak RSS after the burst: "
+              f"stallwatch {scrape['sw']['hwm_after'] / 1024:.1f} MiB, node_exporter "
+              f"{scrape['ne']['hwm_after'] / 1024:.1f} MiB")
+
+    if det:
+        print(f"\n4. Detection delay: fsfreeze -f of an XFS loop target for {det['hold']:g} s, "
+              f"threshold {det['threshold']:g} s, interval {det['interval'] * 1000:.0f} ms, /metrics "
+              "polled every 20 ms; times from the start of fsfreeze (reply time of the first poll "
+              "that shows it)")
+        rows = []
+        for i, t in enumerate(det["trials"], 1):
+            io = t["ioping"]
+            iot = f"+{io[0]:.2f} s: {io[1].split(': ', 1)[-1]}" if io else "none"
+            rows.append((i, ms(t["frozen"]), ms(t["inflight"]) if t["inflight"] is not None else "never",
+                         ms(t["stall"]) if t["stall"] is not None else "never",
+                         ms(t["thawed"]), iot))
+        table(rows, ("freeze", "fs frozen", "in-flight > 0", "stall counted", "thawed",
+                     "ioping's first line after the freeze"))
+        print(f"   median: in-flight {ms(med([t['inflight'] or float('nan') for t in det['trials']]))}, "
+              f"stall counted {ms(med([t['stall'] or float('nan') for t in det['trials']]))}; "
+              f"/api/stalls events: {det['events']}")
+
+    if ser:
+        print("\n5. Series (sample lines of a real scrape, defaults: modes create+overwrite, fsync)")
+        pt = list(ser["per_target"].values())
+        rows = [("per target (target label)", "/".join(map(str, pt))),
+                ("per block device (device label)", f"{ser['device'] / max(1, ser['devices']):.0f}"),
+                ("global (vm, sysctl, psi, process, build)", ser["global"]),
+                ("total, 4 targets", ser["total"])]
+        if over:
+            rows.append(("total, 8 targets (overhead run)", over["series8"]))
+        table(rows, ("series", "count"))
+        print("   per target by family: " + ", ".join(f"{k.replace('stallwatch_', '')} {v}"
+                                                       for k, v in ser["families"].items()))
+
+    print("\nGoals")
+    table([(g, m, "ok" if ok else "MISSED") for g, m, ok in goals], ("goal", "measured", ""))
+
+
+def goals_of(acc, over, scrape, det):
+    g = []
+    for fs, r in (acc or {}).items():
+        g.append((f"{fs}: p50 within 10% of ioping", f"{r['total_p50'][3]:.3f}",
+                  abs(r["total_p50"][3] - 1) <= 0.10))
+        g.append((f"{fs}: p99 within 25% of ioping", f"{r['total_p99'][3]:.3f}",
+                  abs(r["total_p99"][3] - 1) <= 0.25))
+    if over:
+        c = 100 * over["sw"]["cpu"] / over["window"]
+        g.append(("CPU <= 0.2% of one core (8 targets, 1 s)", f"{c:.3f} %", c <= 0.2))
+        g.append(("peak RSS <= 10 MiB", f"{over['sw']['hwm'] / 1024:.1f} MiB",
+                  over["sw"]["hwm"] <= 10 * 1024))
+    if scrape:
+        for gz, lab in ((False, ""), (True, " (gzip)")):
+            p = scrape[("sw", gz)]["p99"]
+            g.append((f"scrape p99 < 2 ms{lab}", ms(p), p < 0.002))
+            rt = ratio(p, scrape[("ne", gz)]["p99"])
+            g.append((f"scrape p99 < 1/5 of node_exporter's{lab}", f"{rt:.3f}", rt < 0.2))
+    if det:
+        lim = det["threshold"] + 0.3
+        for key, lab in (("inflight", "in-flight age visible"), ("stall", "stall counted")):
+            worst = max((t[key] if t[key] is not None else float("inf")) for t in det["trials"])
+            g.append((f"{lab} within threshold+0.3 s (worst of {len(det['trials'])})",
+                      ms(worst) if worst != float("inf") else "never", worst <= lim))
+    return g
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", type=Path, default=REPO / "target" / "release" / "stallwatch")
+    ap.add_argument("--quick", action="store_true", help="smoke run: short windows, few rounds")
+    ap.add_argument("--rounds", type=int, default=6, help="accuracy rounds (default 6)")
+    ap.add_argument("--count", type=int, default=1000, help="requests per accuracy run (default 1000)")
+    ap.add_argument("--window", type=float, default=120, help="overhead window, s (default 120)")
+    ap.add_argument("--requests", type=int, default=500, help="scrape requests per row (default 500)")
+    ap.add_argument("--freezes", type=int, default=3, help="fsfreeze trials (default 3)")
+    ap.add_argument("--only", default="1,2,3,4,5", help="sections to run, e.g. 1,4")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.count, args.window, args.requests, args.freezes = 2, 200, 20, 100, 1
+    only = set(args.only.split(","))
+    if "2" in only or "3" in only:
+        only |= {"2", "3"}  # one run measures both
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        if os.geteuid() != 0:
+            raise SetupError("run as root (loop devices, mount, fsfreeze)")
+        for tool in ("fio", "ioping", "strace", "stdbuf", "mkfs.xfs", "mkfs.ext4", "losetup",
+                     "fsfreeze", "truncate", NODE_EXPORTER):
+            if not shutil.which(tool):
+                raise SetupError(f"{tool} not found")
+        if not os.access(args.bin, os.X_OK):
+            raise SetupError(f"{args.bin} missing: run cargo build --release first")
+        args.work = Path(tempfile.mkdtemp(prefix="stallwatch-bench.", dir="/var/tmp"))
+        UNDO.push(f"rm -r {args.work}", lambda: shutil.rmtree(args.work, ignore_errors=True))
+        mach = machine()
+        vers = versions(args.bin, args.work)
+        backing = run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", str(args.work)],
+                      check=False).stdout.strip() or "?"
+        started = time.monotonic()
+        log(f"work directory {args.work}; creating 8 loop filesystems")
+        try:
+            fss = [Fs(args.work, k, i).create() for i in range(4) for k in ("xfs", "ext4")]
+        except MeasureError as e:
+            raise SetupError(f"cannot create loop filesystems: {e}") from e
+        xfs0, ext0 = fss[0], fss[1]
+        acc = mix = over = scrape = det = ser = None
+        if "1" in only:
+            mix = fio_syscall_mix(xfs0, args.work)
+            acc = accuracy(args, [xfs0, ext0])
+        if "2" in only:
+            over, scrape = overhead_and_scrape(args, fss)
+        if "5" in only:
+            ser = series_count(args, fss[:4])
+        if "4" in only:
+            det = detection(args, xfs0)
+        goals = goals_of(acc, over, scrape, det)
+        report(args, mach, vers, backing, acc, mix, over, scrape, det, ser, goals)
+        print(f"\nwall time of the run: {time.monotonic() - started:.0f} s")
+        return 1 if args.strict and not all(ok for _, _, ok in goals) else 0
+    except SetupError as e:
+        print(f"setup failed: {e}", file=sys.stderr)
+        return 2
+    except MeasureError as e:
+        print(f"measurement failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e}); cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        UNDO.run_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
