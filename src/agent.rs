@@ -70,6 +70,7 @@ pub fn run(
         .block_on(tokio::net::TcpListener::bind(listen))
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
+    let signals = install_signals(&rt)?;
 
     for t in &config.targets {
         info!(target = %t.name, path = %t.path.display(), interval = ?t.interval,
@@ -123,7 +124,13 @@ pub fn run(
         "listening on {bound}");
     // On the signal the listener is dropped at once (new connections are refused) and
     // open connections get `limits.shutdown_grace` to finish, not more.
-    rt.block_on(web::serve(listener, app, web, limits, wait_for_signal()));
+    rt.block_on(web::serve(
+        listener,
+        app,
+        web,
+        limits,
+        wait_for_signal(signals),
+    ));
     // Whatever is still open is dropped here; a bcrypt still running is not waited for.
     rt.shutdown_timeout(Duration::from_millis(100));
 
@@ -135,10 +142,20 @@ pub fn run(
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// SIGTERM and SIGINT streams, installed before the agent says it is listening, so a
+/// signal that follows that line is always a clean shutdown, never the default death.
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+fn install_signals(rt: &tokio::runtime::Runtime) -> anyhow::Result<Signals> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let _guard = rt.enter();
+    Ok((
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+    ))
+}
+
+async fn wait_for_signal((mut term, mut int): Signals) {
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",

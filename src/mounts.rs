@@ -114,14 +114,76 @@ pub fn parse_mountinfo(text: &str, path: &Path) -> Result<Vec<Mount>, MountsErro
     Ok(mounts)
 }
 
-/// Reads and parses `PROC/self/mountinfo`.
-pub fn read_mountinfo(proc_root: &Path) -> Result<Vec<Mount>, MountsError> {
-    let path = proc_root.join("self/mountinfo");
-    let text = std::fs::read_to_string(&path).map_err(|source| MountsError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    parse_mountinfo(&text, &path)
+/// This process's mount table, re-read only when the kernel says it changed: mountinfo
+/// signals `POLLPRI` on an open descriptor after any mount, unmount or remount in the
+/// namespace, so a cycle costs one `poll` instead of reading and parsing the table.
+pub struct MountTable {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    mounts: Vec<Mount>,
+}
+
+impl MountTable {
+    /// A table read from `PROC/self/mountinfo` on first use.
+    pub fn new(proc_root: &Path) -> MountTable {
+        MountTable {
+            path: proc_root.join("self/mountinfo"),
+            file: None,
+            mounts: Vec::new(),
+        }
+    }
+
+    /// The current mounts. A read error drops the descriptor so the next call starts over.
+    pub fn current(&mut self) -> Result<&[Mount], MountsError> {
+        use std::io::{Read, Seek};
+        use std::os::fd::AsFd;
+        let changed = match &self.file {
+            None => true,
+            Some(f) => {
+                let mut fds = [nix::poll::PollFd::new(
+                    f.as_fd(),
+                    nix::poll::PollFlags::POLLPRI,
+                )];
+                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
+                    Ok(0) => false,
+                    // POLLERR|POLLPRI: changed. Any other answer: re-read to be safe.
+                    _ => true,
+                }
+            }
+        };
+        if !changed {
+            return Ok(&self.mounts);
+        }
+        let read = |file: &mut Option<std::fs::File>| -> std::io::Result<String> {
+            let f = match file {
+                Some(f) => {
+                    f.rewind()?;
+                    f
+                }
+                None => file.insert(std::fs::File::open(&self.path)?),
+            };
+            let mut text = String::with_capacity(8192);
+            f.read_to_string(&mut text)?;
+            Ok(text)
+        };
+        let text = read(&mut self.file).map_err(|source| {
+            self.file = None;
+            MountsError::Read {
+                path: self.path.clone(),
+                source,
+            }
+        })?;
+        match parse_mountinfo(&text, &self.path) {
+            Ok(m) => {
+                self.mounts = m;
+                Ok(&self.mounts)
+            }
+            Err(e) => {
+                self.file = None;
+                Err(e)
+            }
+        }
+    }
 }
 
 /// The mount that `path` (absolute, symlinks resolved) lives on: the entry with the
@@ -198,6 +260,16 @@ mod tests {
                 .mount_point,
             PathBuf::from("/")
         );
+    }
+
+    #[test]
+    fn mount_table_reads_once_until_the_kernel_signals_a_change() {
+        let mut t = MountTable::new(Path::new("/proc"));
+        let first = t.current().unwrap().to_vec();
+        assert!(mount_of(&first, Path::new("/")).is_some());
+        assert_eq!(t.current().unwrap(), &first[..]);
+        let mut missing = MountTable::new(Path::new("/nonexistent"));
+        assert!(missing.current().is_err());
     }
 
     #[test]

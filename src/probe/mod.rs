@@ -281,6 +281,7 @@ pub struct Worker {
     /// The filesystem first seen at a mount-point target; another one later is refused.
     expected: Option<Mount>,
     cleaned_leftovers: bool,
+    mounts: mounts::MountTable,
     /// The probe directory was opened once: finding it missing later is news.
     had_dir: bool,
     seq: u64,
@@ -307,6 +308,7 @@ impl Worker {
         m.target_read_only.with_label_values(&[name]).set(0);
         m.last_success.with_label_values(&[name]).set(0.0);
         Worker {
+            mounts: mounts::MountTable::new(&ctx.proc_root),
             shared,
             ctx,
             expected: None,
@@ -359,29 +361,32 @@ impl Worker {
     /// Decides whether the target may be probed now. Returns the mount it is on, and
     /// the mount id the probe directory must be on (None when not required).
     fn check_mount(&mut self) -> Result<(Option<Mount>, Option<u64>), &'static str> {
-        let t = &self.shared.target;
-        let canon = std::fs::canonicalize(&t.path);
-        let table = mounts::read_mountinfo(&self.ctx.proc_root);
-        let (canon, table) = match (canon, table) {
-            (Ok(c), Ok(tb)) => (c, tb),
-            (Err(_), _) if t.require_mountpoint => return Err("not_mounted"),
-            (c, tb) => {
-                if let Err(e) = &tb {
-                    warn!(error = %e, "cannot read the mount table");
-                }
-                let m = match (c, tb) {
-                    (Ok(c), Ok(tb)) => mounts::mount_of(&tb, &c).cloned(),
-                    _ => None,
-                };
-                return Ok((m, None));
-            }
+        let require = self.shared.target.require_mountpoint;
+        let canon = std::fs::canonicalize(&self.shared.target.path);
+        // Only the one mount we need is copied out of the cached table.
+        let found = match (&canon, self.mounts.current()) {
+            (Ok(c), Ok(table)) if require => Ok(mounts::mount_at(table, c).cloned()),
+            (Ok(c), Ok(table)) => Ok(mounts::mount_of(table, c).cloned()),
+            (Err(_), _) => Ok(None),
+            (_, Err(e)) => Err(e.to_string()),
         };
-        if !t.require_mountpoint {
-            return Ok((mounts::mount_of(&table, &canon).cloned(), None));
+        if !require {
+            if let Err(e) = &found {
+                warn!(error = %e, "cannot read the mount table");
+            }
+            return Ok((found.ok().flatten(), None));
         }
-        let Some(m) = mounts::mount_at(&table, &canon).cloned() else {
-            self.set_state(State::NotMounted);
-            return Err("not_mounted");
+        let m = match found {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                self.set_state(State::NotMounted);
+                return Err("not_mounted");
+            }
+            Err(e) => {
+                // Without a mount table the mount cannot be verified: do not write.
+                warn!(error = %e, "cannot read the mount table");
+                return Err("not_mounted");
+            }
         };
         match &self.expected {
             Some(e) if !e.same_filesystem(&m) => {

@@ -190,8 +190,6 @@ impl Observer for NoObserver {
 /// The open probe directory of one cycle.
 pub struct ProbeDir {
     fd: OwnedFd,
-    /// Alignment for O_DIRECT offsets and sizes.
-    pub direct_align: Option<u64>,
     /// This open created the directory (it was missing).
     pub created: bool,
 }
@@ -362,12 +360,7 @@ fn open_dir(
             format!("{}/{PROBE_DIR} is a mount point of its own", path.display()),
         ));
     }
-    let direct_align = direct_alignment(&fd);
-    Ok(ProbeDir {
-        fd,
-        direct_align,
-        created,
-    })
+    Ok(ProbeDir { fd, created })
 }
 
 /// File names the agent owns in its directory; only these are ever removed.
