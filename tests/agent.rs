@@ -460,3 +460,82 @@ fn unmounted_target_is_not_probed() {
         }
     ));
 }
+
+/// Unmounts on drop, for a mount the test makes beside a `LoopFs`.
+struct MountGuard(std::path::PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// On btrfs a subvolume's `st_dev` is an anonymous device that never appears in
+/// mountinfo: a subvolume mounted with `subvol=` is a mount point and is probed, a
+/// subvolume that is only a directory of its parent mount is not.
+#[test]
+fn btrfs_subvolume_mounts_pass_the_mount_check() {
+    if !require_root("btrfs_subvolume_mounts_pass_the_mount_check") {
+        return;
+    }
+    let fs = LoopFs::new("btrfs", 256);
+    common::run(
+        "btrfs",
+        &[
+            "-q",
+            "subvolume",
+            "create",
+            fs.path().join("sub").to_str().unwrap(),
+        ],
+    );
+    let subdir = fs.path().join("sub");
+    let other = tempfile::tempdir().unwrap();
+    let mnt = other.path().join("subvol");
+    std::fs::create_dir(&mnt).unwrap();
+    common::run(
+        "mount",
+        &["-o", "subvol=sub", fs.dev(), mnt.to_str().unwrap()],
+    );
+    let _guard = MountGuard(mnt.clone());
+    let yaml = format!(
+        "targets:\n  - path: {}\n    name: top\n    interval: 200ms\n  - path: {}\n    name: subvol\n    interval: 200ms\n  - path: {}\n    name: subdir\n    interval: 200ms\n",
+        fs.path().display(),
+        mnt.display(),
+        subdir.display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let m = agent.scrape();
+            m.get("stallwatch_target_up", &[("target", "top")]) == Some(1.0)
+                && m.get("stallwatch_target_up", &[("target", "subvol")]) == Some(1.0)
+                && m.get(
+                    "stallwatch_probes_skipped_total",
+                    &[("target", "subdir"), ("reason", "not_mounted")],
+                )
+                .unwrap_or(0.0)
+                    >= 2.0
+        }
+    ));
+    let m = agent.scrape();
+    assert_eq!(
+        m.get("stallwatch_target_up", &[("target", "subdir")]),
+        Some(0.0)
+    );
+    let info = m.series("stallwatch_target_info");
+    let subvol = info
+        .iter()
+        .find(|(l, _)| l.get("target").map(String::as_str) == Some("subvol"))
+        .expect("target_info for the subvolume mount");
+    assert_eq!(subvol.0.get("fstype").map(String::as_str), Some("btrfs"));
+    assert!(
+        subvol.0["options"].contains("subvol=/sub"),
+        "{:?}",
+        subvol.0
+    );
+    // The probe wrote into the subvolume's mount, seen as sub/.stallwatch from the top.
+    assert!(subdir.join(".stallwatch").is_dir());
+    drop(agent);
+}
