@@ -399,16 +399,7 @@ fn unmounted_target_is_not_probed() {
         fs.path().display()
     );
     let agent = Agent::start(&yaml);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        Duration::from_millis(50),
-        || {
-            agent
-                .scrape()
-                .get("stallwatch_target_up", &[("target", "gone")])
-                == Some(1.0)
-        }
-    ));
+    assert!(agent.wait_up("gone"));
     fs.umount();
     assert!(wait_until(
         Duration::from_secs(5),

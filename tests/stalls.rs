@@ -69,16 +69,7 @@ fn fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing() {
         fs.path().display()
     );
     let agent = Agent::start(&yaml);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        Duration::from_millis(50),
-        || {
-            agent
-                .scrape()
-                .get("stallwatch_target_up", &[("target", "slow")])
-                == Some(1.0)
-        }
-    ));
+    assert!(agent.wait_up("slow"));
     fs.throttle_write_bps(2 << 20);
 
     // The writer: random 4 KiB buffered writes into a 64 MiB file, starting writeback
@@ -217,16 +208,7 @@ fn freeze_gives_one_event_per_blocked_op() {
         fs.path().display()
     );
     let agent = Agent::start(&yaml);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        Duration::from_millis(50),
-        || {
-            agent
-                .scrape()
-                .get("stallwatch_target_up", &[("target", "frozen")])
-                == Some(1.0)
-        }
-    ));
+    assert!(agent.wait_up("frozen"));
     fs.freeze();
     let frozen_at = Instant::now();
     let mut ongoing_seen_at = None;
@@ -289,16 +271,7 @@ fn stall_log_is_bounded_and_newest_first() {
         fs.path().display()
     );
     let agent = Agent::start(&yaml);
-    assert!(wait_until(
-        Duration::from_secs(10),
-        Duration::from_millis(50),
-        || {
-            agent
-                .scrape()
-                .get("stallwatch_target_up", &[("target", "ring")])
-                == Some(1.0)
-        }
-    ));
+    assert!(agent.wait_up("ring"));
     for _ in 0..5 {
         fs.freeze();
         std::thread::sleep(Duration::from_millis(600));

@@ -898,6 +898,17 @@ impl Agent {
         logs[from..].join("\n")
     }
 
+    /// Waits up to 10 s until `stallwatch_target_up{target}` is 1.
+    pub fn wait_up(&self, target: &str) -> bool {
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            self.try_get("/metrics")
+                .ok()
+                .and_then(|(_, body, _)| Metrics::parse(&body).ok())
+                .and_then(|m| m.get("stallwatch_target_up", &[("target", target)]))
+                == Some(1.0)
+        })
+    }
+
     /// Wait up to `timeout` for a log line containing `substr`.
     pub fn wait_log(&self, substr: &str, timeout: Duration) -> bool {
         wait_until(timeout, Duration::from_millis(20), || {
