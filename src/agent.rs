@@ -206,9 +206,13 @@ fn run_sampler(
     let page = vm::page_size();
     let mut prev: Option<vm::VmSample> = None;
     let mut failing = false;
+    let mut samples: u64 = 0;
     let mut next = Instant::now();
     loop {
-        match vm::sample(&roots.proc_root, page) {
+        // The sysctls every tenth sample (and the first).
+        let with_sysctls = samples % 10 == 0;
+        samples += 1;
+        match vm::sample(&roots.proc_root, page, with_sysctls) {
             Ok(s) => {
                 if failing {
                     info!("VM sampling recovered");

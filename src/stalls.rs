@@ -19,12 +19,11 @@ use crate::probe::ops::{Failure, Op};
 use crate::probe::{lock, InFlightOp, Shutdown, TargetShared};
 use crate::vm::VmSample;
 
-/// How often the watchdog looks at the in-flight slots: well inside the 250 ms within
-/// which a crossing must be counted, and cheap (a few atomic loads per target).
-pub const WATCHDOG_TICK: Duration = Duration::from_millis(50);
+/// The shortest pause between two looks of the watchdog at the in-flight slots.
+pub const WATCHDOG_MIN_SLEEP: Duration = Duration::from_millis(1);
 
-/// The longest pause between two looks when no operation is in flight.
-pub const WATCHDOG_IDLE_TICK: Duration = Duration::from_millis(250);
+/// The longest pause between two looks, whatever the thresholds.
+pub const WATCHDOG_MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// VM samples kept for the start of a stall's window (a stall is seen only once it has
 /// lasted the threshold, so its first part is read back from here).
@@ -381,35 +380,33 @@ pub fn run_watchdog(
     metrics: Arc<Metrics>,
     shutdown: Arc<Shutdown>,
 ) {
-    // With nothing in flight, look less often: an op that starts just after a look is
-    // seen in flight at the next one, before it can cross the smallest threshold, and
-    // from then on the fast tick applies. Detection stays within one fast tick of the
-    // crossing while the agent wakes 4 times a second instead of 20 when idle.
-    let min_threshold = targets
+    // When to look next: at the exact moment an operation in flight would cross its
+    // threshold, at a running cycle's next due time (to count the skip live), and
+    // otherwise after the smallest threshold: an operation that starts just after a
+    // look is then seen in flight before it can cross, and its crossing is scheduled
+    // exactly. Idle, the agent wakes once per threshold, not many times a second.
+    let idle = targets
         .iter()
         .map(|t| t.target.stall_threshold)
         .min()
-        .unwrap_or(WATCHDOG_TICK);
-    let idle_tick = min_threshold.clamp(WATCHDOG_TICK, WATCHDOG_IDLE_TICK);
-    let mut next = Instant::now();
+        .unwrap_or(WATCHDOG_MAX_SLEEP)
+        .clamp(WATCHDOG_MIN_SLEEP, WATCHDOG_MAX_SLEEP);
     loop {
-        let mut busy = false;
+        let now = Instant::now();
+        let mut wake = now + idle;
         for t in &targets {
-            t.count_overdue(&metrics);
+            if let Some(due) = t.count_overdue(&metrics) {
+                wake = wake.min(due);
+            }
             if let Some(op) = t.inflight.current() {
-                busy = true;
                 if op.age >= t.target.stall_threshold {
                     stalls.crossed(t, op);
+                } else {
+                    wake = wake.min(op.started + t.target.stall_threshold);
                 }
             }
         }
-        next += if busy { WATCHDOG_TICK } else { idle_tick };
-        // After a long suspend, do not run a burst of ticks to catch up.
-        let now = Instant::now();
-        if next < now {
-            next = now;
-        }
-        if shutdown.sleep_until(next) {
+        if shutdown.sleep_until(wake.max(now + WATCHDOG_MIN_SLEEP)) {
             return;
         }
     }

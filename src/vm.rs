@@ -2,11 +2,8 @@
 //! `/proc/pressure/io` and the `vm.dirty_*` sysctls (pure), and one sample read from a
 //! given procfs root.
 
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-use procfs::{FromBufRead, VmStat};
 
 /// A procfs file could not be read or parsed.
 #[derive(Debug, thiserror::Error)]
@@ -61,23 +58,44 @@ pub struct VmSample {
 
 /// Parses `/proc/vmstat` text; `page_size` converts pages to bytes.
 pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
-    let stat = VmStat::from_buf_read(BufReader::new(text.as_bytes())).map_err(|e| e.to_string())?;
-    let pages = |key: &str| -> Result<u64, String> {
-        match stat.0.get(key) {
-            Some(&v) if v >= 0 => (v as u64)
-                .checked_mul(page_size)
-                .ok_or_else(|| format!("{key} is out of range ({v} pages)")),
-            Some(v) => Err(format!("{key} is negative ({v})")),
-            None => Err(format!("{key} missing")),
-        }
-    };
+    // A scan for the six keys, not a map of all ~200: the sampler runs every second.
+    const KEYS: [&str; 6] = [
+        "nr_dirty",
+        "nr_writeback",
+        "nr_dirty_threshold",
+        "nr_dirty_background_threshold",
+        "nr_dirtied",
+        "nr_written",
+    ];
+    let mut found: [Option<u64>; 6] = [None; 6];
+    for line in text.lines() {
+        let mut parts = line.split_ascii_whitespace();
+        let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
+            if line.trim().is_empty() {
+                continue;
+            }
+            return Err(format!("malformed line {line:?}"));
+        };
+        let Some(i) = KEYS.iter().position(|k| *k == key) else {
+            continue;
+        };
+        let pages: i64 = value
+            .parse()
+            .map_err(|_| format!("{key} is not a number ({value:?})"))?;
+        let pages = u64::try_from(pages).map_err(|_| format!("{key} is negative ({pages})"))?;
+        let bytes = pages
+            .checked_mul(page_size)
+            .ok_or_else(|| format!("{key} is out of range ({pages} pages)"))?;
+        found[i] = Some(bytes);
+    }
+    let get = |i: usize| found[i].ok_or_else(|| format!("{} missing", KEYS[i]));
     Ok(VmCounters {
-        dirty_bytes: pages("nr_dirty")?,
-        writeback_bytes: pages("nr_writeback")?,
-        dirty_threshold_bytes: pages("nr_dirty_threshold")?,
-        dirty_background_threshold_bytes: pages("nr_dirty_background_threshold")?,
-        dirtied_bytes: pages("nr_dirtied")?,
-        written_bytes: pages("nr_written")?,
+        dirty_bytes: get(0)?,
+        writeback_bytes: get(1)?,
+        dirty_threshold_bytes: get(2)?,
+        dirty_background_threshold_bytes: get(3)?,
+        dirtied_bytes: get(4)?,
+        written_bytes: get(5)?,
     })
 }
 
@@ -147,10 +165,16 @@ fn read_parse<T>(
 /// Takes one sample under `proc_root`. vmstat is required; pressure and sysctls are
 /// optional (a kernel without PSI, a container hiding /proc/sys), so their absence is
 /// not an error.
-pub fn sample(proc_root: &Path, page_size: u64) -> Result<VmSample, VmError> {
+/// `with_sysctls` false skips the six sysctl files: they change rarely, and the
+/// thresholds that follow from them are in vmstat every time.
+pub fn sample(proc_root: &Path, page_size: u64, with_sysctls: bool) -> Result<VmSample, VmError> {
     let counters = read_parse(proc_root.join("vmstat"), |t| parse_vmstat(t, page_size))?;
     let pressure = read_parse(proc_root.join("pressure/io"), parse_pressure).ok();
-    let sysctls = read_sysctls(proc_root).ok();
+    let sysctls = if with_sysctls {
+        read_sysctls(proc_root).ok()
+    } else {
+        None
+    };
     Ok(VmSample {
         at: Instant::now(),
         counters,
@@ -253,10 +277,10 @@ mod tests {
 
     #[test]
     fn sample_from_fixture_root_and_missing_root() {
-        let s = sample(&fixtures(), 4096).unwrap();
+        let s = sample(&fixtures(), 4096, true).unwrap();
         assert!(s.pressure.is_some());
         assert!(s.sysctls.is_some());
-        let e = sample(Path::new("/nonexistent"), 4096).unwrap_err();
+        let e = sample(Path::new("/nonexistent"), 4096, true).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/vmstat"));
     }
 }

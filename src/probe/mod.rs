@@ -182,11 +182,13 @@ impl TargetShared {
     /// Counts the cycles that came due while the previous one is still running. Called by
     /// the watchdog (live, while a call is blocked) and by the probe thread after a cycle;
     /// the lock makes each due time counted once.
-    pub fn count_overdue(&self, metrics: &Metrics) {
+    /// Returns the next due time while a cycle is running (when the next skip would
+    /// be counted), None when idle.
+    pub fn count_overdue(&self, metrics: &Metrics) -> Option<Instant> {
         let now = Instant::now();
         let mut s = lock(&self.sched);
         if !s.running {
-            return;
+            return None;
         }
         while s.next_due <= now {
             s.next_due += self.target.interval;
@@ -195,6 +197,7 @@ impl TargetShared {
                 .with_label_values(&[&self.target.name, "in_flight"])
                 .inc();
         }
+        Some(s.next_due)
     }
 }
 
