@@ -33,7 +33,13 @@ pub fn app(state: Arc<App>) -> Router {
         .route("/", get(index))
         .route("/api/stalls", get(stalls))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .layer(CompressionLayer::new().gzip(true))
+        // The fastest level: a scrape is ~100 KB of repetitive text, which it still
+        // shrinks about tenfold, at half the CPU time of the default level.
+        .layer(
+            CompressionLayer::new()
+                .gzip(true)
+                .quality(tower_http::CompressionLevel::Fastest),
+        )
         .with_state(state)
 }
 

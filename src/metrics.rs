@@ -367,8 +367,16 @@ impl Collector for Inflight {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let g =
-            GaugeVec::new(opts(Self::NAME, Self::HELP), &["target", "mode", "op"]).expect("valid");
+        use prometheus::proto::{Gauge, LabelPair, Metric, MetricType};
+        // Built directly rather than through a GaugeVec: no hashing or locking per
+        // scrape. Labels sorted by name, as the encoder expects.
+        let label = |name: &str, value: &str| {
+            let mut l = LabelPair::default();
+            l.set_name(name.to_owned());
+            l.set_value(value.to_owned());
+            l
+        };
+        let mut metrics = Vec::new();
         for t in &self.targets {
             let now = t.inflight.current();
             // Set-up (op="prepare") can block too: show it, so a stuck probe is never
@@ -379,10 +387,23 @@ impl Collector for Inflight {
                     Some(c) if c.mode == mode && c.op == op => c.age.as_secs_f64(),
                     _ => 0.0,
                 };
-                g.with_label_values(&[&t.target.name, mode.as_str(), op.as_str()])
-                    .set(age);
+                let mut g = Gauge::default();
+                g.set_value(age);
+                let mut m = Metric::default();
+                m.set_label(vec![
+                    label("mode", mode.as_str()),
+                    label("op", op.as_str()),
+                    label("target", &t.target.name),
+                ]);
+                m.set_gauge(g);
+                metrics.push(m);
             }
         }
-        g.collect()
+        let mut family = MetricFamily::default();
+        family.set_name(Self::NAME.to_owned());
+        family.set_help(Self::HELP.to_owned());
+        family.set_field_type(MetricType::GAUGE);
+        family.set_metric(metrics);
+        vec![family]
     }
 }

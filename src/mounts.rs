@@ -121,6 +121,7 @@ pub struct MountTable {
     path: PathBuf,
     file: Option<std::fs::File>,
     mounts: Vec<Mount>,
+    generation: u64,
 }
 
 impl MountTable {
@@ -130,7 +131,19 @@ impl MountTable {
             path: proc_root.join("self/mountinfo"),
             file: None,
             mounts: Vec::new(),
+            generation: 0,
         }
+    }
+
+    /// The table as last read, without asking the kernel.
+    pub fn cached(&self) -> &[Mount] {
+        &self.mounts
+    }
+
+    /// Increments each time the table is read anew: what depends on the mounts (a
+    /// resolved path) can be kept until it changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The current mounts. A read error drops the descriptor so the next call starts over.
@@ -176,6 +189,7 @@ impl MountTable {
         match parse_mountinfo(&text, &self.path) {
             Ok(m) => {
                 self.mounts = m;
+                self.generation += 1;
                 Ok(&self.mounts)
             }
             Err(e) => {

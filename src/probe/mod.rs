@@ -285,6 +285,8 @@ pub struct Worker {
     expected: Option<Mount>,
     cleaned_leftovers: bool,
     mounts: mounts::MountTable,
+    /// The resolved target path and the mount table generation it was resolved in.
+    canon: Option<(u64, PathBuf)>,
     /// The probe directory was opened once: finding it missing later is news.
     had_dir: bool,
     seq: u64,
@@ -312,6 +314,7 @@ impl Worker {
         m.last_success.with_label_values(&[name]).set(0.0);
         Worker {
             mounts: mounts::MountTable::new(&ctx.proc_root),
+            canon: None,
             shared,
             ctx,
             expected: None,
@@ -365,9 +368,10 @@ impl Worker {
     /// the mount id the probe directory must be on (None when not required).
     fn check_mount(&mut self) -> Result<(Option<Mount>, Option<u64>), &'static str> {
         let require = self.shared.target.require_mountpoint;
-        let canon = std::fs::canonicalize(&self.shared.target.path);
+        let refreshed = self.mounts.current().map(|_| ());
+        let canon = self.canonical_path();
         // Only the one mount we need is copied out of the cached table.
-        let found = match (&canon, self.mounts.current()) {
+        let found = match (&canon, refreshed.map(|()| self.mounts.cached())) {
             (Ok(c), Ok(table)) if require => Ok(mounts::mount_at(table, c).cloned()),
             (Ok(c), Ok(table)) => Ok(mounts::mount_of(table, c).cloned()),
             (Err(_), _) => Ok(None),
@@ -404,6 +408,20 @@ impl Worker {
         }
         let id = m.mount_id;
         Ok((Some(m), Some(id)))
+    }
+
+    /// The target path with symlinks resolved, kept until the mount table changes (a
+    /// path that does not resolve is tried again each cycle).
+    fn canonical_path(&mut self) -> std::io::Result<PathBuf> {
+        let generation = self.mounts.generation();
+        if let Some((g, p)) = &self.canon {
+            if *g == generation {
+                return Ok(p.clone());
+            }
+        }
+        let p = std::fs::canonicalize(&self.shared.target.path)?;
+        self.canon = Some((generation, p.clone()));
+        Ok(p)
     }
 
     fn update_mount_info(&self, mount: &Option<Mount>) {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, OFlag};
-use nix::sys::stat::{fstat, mkdirat, Mode as FileMode};
+use nix::sys::stat::{mkdirat, Mode as FileMode};
 use nix::unistd::{fdatasync, fsync, unlinkat, UnlinkatFlags};
 
 use crate::config::{Mode, SyncKind};
@@ -340,21 +340,27 @@ fn open_dir(
         };
         err(failure, format!("{}/{PROBE_DIR} {what}", path.display()))
     })?;
-    let st = fstat(&fd).map_err(|e| err(Failure::Errno(e), "stat probe directory".into()))?;
-    let pst = fstat(&parent).map_err(|e| err(Failure::Errno(e), "stat target".into()))?;
+    // statx without the timestamps, for the same reason as in open_prealloc: a queried
+    // directory mtime would make every create and unlink in it update the inode.
+    let mask = nix::libc::STATX_TYPE | nix::libc::STATX_MODE | nix::libc::STATX_UID;
+    let st = statx(fd.as_fd(), mask)
+        .map_err(|e| err(Failure::Errno(e), "stat probe directory".into()))?;
+    let pst =
+        statx(parent.as_fd(), mask).map_err(|e| err(Failure::Errno(e), "stat target".into()))?;
+    let mode = u32::from(st.stx_mode);
     let euid = nix::unistd::geteuid().as_raw();
-    if st.st_uid != euid || st.st_mode & 0o022 != 0 {
+    if st.stx_uid != euid || mode & 0o022 != 0 {
         return Err(err(
             Failure::UnsafeDir,
             format!(
                 "{}/{PROBE_DIR} is owned by uid {} with mode {:o}; it must belong to uid {euid} and not be writable by group or others",
                 path.display(),
-                st.st_uid,
-                st.st_mode & 0o7777
+                st.stx_uid,
+                mode & 0o7777
             ),
         ));
     }
-    if st.st_dev != pst.st_dev {
+    if (st.stx_dev_major, st.stx_dev_minor) != (pst.stx_dev_major, pst.stx_dev_minor) {
         return Err(err(
             Failure::MountChanged,
             format!("{}/{PROBE_DIR} is a mount point of its own", path.display()),
@@ -522,11 +528,20 @@ fn open_prealloc(
                 FileMode::S_IRUSR | FileMode::S_IWUSR,
             )
             .map_err(errno)?;
-            let st = fstat(&fd).map_err(errno)?;
-            if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG || st.st_nlink != 1 {
+            // statx for type, links and size only: asking for the timestamps (as fstat
+            // does) marks them queried, and on Linux 6.13+ multigrain timestamps then make
+            // the timed write update mtime and the flush write the inode, inflating the
+            // very latency we measure.
+            let st = statx(
+                fd.as_fd(),
+                nix::libc::STATX_TYPE | nix::libc::STATX_NLINK | nix::libc::STATX_SIZE,
+            )
+            .map_err(errno)?;
+            if u32::from(st.stx_mode) & nix::libc::S_IFMT != nix::libc::S_IFREG || st.stx_nlink != 1
+            {
                 return Err(Failure::UnsafeDir);
             }
-            if (st.st_size as u64) < size {
+            if st.stx_size < size {
                 // Preallocate with real data: the timed writes then overwrite allocated
                 // blocks, as a database rewriting its pages does.
                 write_all_at(&fd, &vec![0u8; size as usize])?;
