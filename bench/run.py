@@ -317,8 +317,9 @@ def proc_stat(pid):
 # Pacing of the headline comparison: every request in a new clock tick (4 ms at HZ=250),
 # as in the agent, where cycles are seconds apart. Back-to-back requests (interval 0) land
 # several per tick and then skip the mtime update unless the inode's times were read since
-# the last change (multigrain timestamps, Linux 6.13+), which stallwatch's per-cycle fstat
-# does: that costs it a timestamp update and ioping/fio not. Both are reported.
+# the last change (multigrain timestamps, Linux 6.13+). stallwatch's per-cycle check of
+# the probe file used fstat, which reads them, until it moved to statx without
+# timestamps; the control below still shows the effect. Both pacings are reported.
 PACE_MS = 7
 
 
@@ -409,7 +410,8 @@ def fio_syscall_mix(fs, work):
 
 def run_control(fs, n, fstat):
     """In-process control: pwrite+fdatasync on a descriptor kept open, optionally with an
-    fstat before each request (as stallwatch's per-cycle open does). Times only the pair."""
+    fstat before each request (as stallwatch's per-cycle open did before it used statx
+    without timestamps). Times only the pair."""
     d = fs.mnt / "ctl"
     d.mkdir(exist_ok=True)
     fd = os.open(d / "f.dat", os.O_WRONLY | os.O_CREAT, 0o600)
@@ -827,7 +829,7 @@ def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, 
         for fs, r in acc["fs"].items():
             if not paced:
                 print(f"   {fs}: time per cycle outside the timed calls: stallwatch "
-                      f"{us(r['gap'][0])} (openat+fstat+close of the probe file, thread hand-off), "
+                      f"{us(r['gap'][0])} (openat+statx+close of the probe file, thread hand-off), "
                       f"ioping {us(r['gap'][1])} per request")
             print(f"   {fs}: fio timed {r['fio_counts'][0]} writes and {r['fio_counts'][1]} syncs "
                   "per run")
