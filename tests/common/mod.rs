@@ -539,6 +539,20 @@ impl LoopFs {
                 }
                 if self.attached {
                     eprintln!("LoopFs drop: losetup -d {} failed: {last}", self.dev);
+                } else {
+                    // `losetup -d` on a device the kernel still holds (btrfs releases its
+                    // devices a moment after umount) only marks it for autoclear: wait,
+                    // bounded, until the device has really let go of our image.
+                    let backing = format!(
+                        "/sys/block/{}/loop/backing_file",
+                        self.dev.trim_start_matches("/dev/")
+                    );
+                    let image = self.image.to_string_lossy().into_owned();
+                    wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+                        std::fs::read_to_string(&backing)
+                            .map(|b| b.trim() != image)
+                            .unwrap_or(true)
+                    });
                 }
             }
             if self.backing_mounted && !leak {
