@@ -545,27 +545,28 @@ impl Worker {
             self.set_state(State::Up);
         } else {
             m.target_up.with_label_values(&[&name]).set(0);
-            let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            // The state compares equal across cycles with the same errors, so a
+            // Keyed without the per-cycle context (file names change every cycle), so a
             // persisting fault is logged once, not every cycle.
             let key: Vec<String> = errors
                 .iter()
                 .map(|e| format!("{} {}: {}", e.mode, e.op, e.failure))
                 .collect();
-            if !matches!(&lock(&self.shared.status).state, State::Failing(k) if *k == key.join("; "))
-            {
+            if self.set_state_quiet(State::Failing(key.join("; "))) {
+                let why: Vec<String> = errors.iter().map(ToString::to_string).collect();
                 warn!(target = %name, errors = %why.join("; "), "probe cycle failed");
             }
-            self.set_state_quiet(State::Failing(key.join("; ")));
         }
     }
 
-    fn set_state_quiet(&self, state: State) {
+    /// Sets the state without logging; true when it changed.
+    fn set_state_quiet(&self, state: State) -> bool {
         let mut st = lock(&self.shared.status);
-        if st.state != state {
-            st.state = state;
-            st.since = SystemTime::now();
+        if st.state == state {
+            return false;
         }
+        st.state = state;
+        st.since = SystemTime::now();
+        true
     }
 
     /// Opens the probe directory, timed as op `prepare` so a blocked open shows in flight.
