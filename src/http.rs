@@ -141,7 +141,32 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             last
         );
     }
-    h.push_str("</table><h2>Recent stalls</h2>");
+    h.push_str("</table>");
+    if let Some(snap) = app.stalls.latest() {
+        let c = &snap.vm.counters;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let pct = if c.dirty_threshold_bytes > 0 {
+            100.0 * c.dirty_bytes as f64 / c.dirty_threshold_bytes as f64
+        } else {
+            0.0
+        };
+        let _ = write!(
+            h,
+            "<h2>Kernel now</h2><p>dirty {:.1} MiB ({pct:.1}% of the {:.0} MiB throttling \
+             threshold; background writeback from {:.0} MiB), under writeback {:.1} MiB",
+            mib(c.dirty_bytes),
+            mib(c.dirty_threshold_bytes),
+            mib(c.dirty_background_threshold_bytes),
+            mib(c.writeback_bytes),
+        );
+        let mut md: Vec<_> = snap.devices.md_action.iter().collect();
+        md.sort();
+        for (dev, action) in md {
+            let _ = write!(h, "; {} {}", esc(dev), esc(action));
+        }
+        h.push_str("</p>");
+    }
+    h.push_str("<h2>Recent stalls</h2>");
     let events = app.stalls.events();
     if events.is_empty() {
         h.push_str("<p>None since start.</p>");

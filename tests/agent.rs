@@ -165,6 +165,12 @@ fn endpoints_answer() {
     let (s, body, _) = agent.get("/");
     assert_eq!(s, 200);
     assert!(body.contains("tmp") && body.contains("/metrics") && body.contains("/api/stalls"));
+    // The kernel's dirty state beside the targets, once the sampler has run.
+    assert!(wait_until(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || agent.get("/").1.contains("throttling threshold")
+    ));
     let (s, body, _) = agent.get("/api/stalls");
     assert_eq!(s, 200);
     assert!(serde_json::from_str::<Vec<serde_json::Value>>(&body).is_ok());
