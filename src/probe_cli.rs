@@ -212,7 +212,7 @@ impl Live {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Busy>> {
         // The guarded value is replaced whole, so a poisoned lock still holds a valid one.
-        self.current.lock().unwrap_or_else(|e| e.into_inner())
+        crate::probe::lock(&self.current)
     }
 }
 

@@ -4,12 +4,13 @@
 //! open connections. A scrape from a well-behaved client must get through while
 //! hundreds of idle or half-sent connections are open.
 
+use crate::probe::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Body;
@@ -905,11 +906,6 @@ impl RateLimiter {
             false
         }
     }
-}
-
-/// A poisoned lock only means another request panicked; the data is still usable.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // ---------------------------------------------------------------------------------------

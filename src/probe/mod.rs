@@ -346,8 +346,7 @@ impl Worker {
 
     fn set_state(&self, state: State) {
         let t = &self.shared.target;
-        let mut st = lock(&self.shared.status);
-        if st.state == state {
+        if !self.set_state_quiet(state.clone()) {
             return;
         }
         // One log line per transition, not per cycle.
@@ -360,8 +359,6 @@ impl Worker {
             // Failing is logged by the cycle with the full error context.
             State::Failing(_) | State::Starting => {}
         }
-        st.state = state;
-        st.since = SystemTime::now();
     }
 
     /// Decides whether the target may be probed now. Returns the mount it is on, and
