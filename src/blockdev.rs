@@ -29,7 +29,7 @@ pub struct BlockDevice {
 }
 
 /// What an md array's sync thread is doing (`md/sync_action`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
 pub enum SyncAction {
     Idle,
     Resync,

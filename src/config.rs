@@ -44,7 +44,7 @@ pub enum ConfigError {
 }
 
 /// Which probe a cycle runs. Names are contract (metric label `mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Create,

@@ -1,13 +1,23 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
+//!
+//! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
+//! (`sync`, `config`, `op`, `inflight`, `mounts`, `vm`, `blockdev`) → the workers
+//! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
+//! `web`) → `agent` and `probe_cli` → `main`.
 
 pub mod agent;
 pub mod blockdev;
 pub mod config;
-pub mod http;
+pub mod inflight;
 pub mod metrics;
 pub mod mounts;
+pub mod op;
 pub mod probe;
 pub mod probe_cli;
+pub mod routes;
+pub mod sampler;
 pub mod stalls;
+pub mod sync;
 pub mod vm;
+pub mod watchdog;
 pub mod web;

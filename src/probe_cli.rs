@@ -10,14 +10,15 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
 
 use crate::config::{self, Mode, SyncKind};
-use crate::probe::ops::{self, Failure, Latencies, Observer, Op, PROBE_DIR};
+use crate::op::{Failure, Op};
+use crate::probe::ops::{self, Latencies, Observer, PROBE_DIR};
 
 /// Exit status when any cycle failed (or the probe directory could not be set up).
 const EXIT_FAILED: u8 = 1;
@@ -147,7 +148,7 @@ pub fn human(secs: f64) -> String {
 fn keys(modes: &[Mode], sync: SyncKind) -> Vec<(Mode, Op, String)> {
     let all: Vec<(Mode, Op)> = modes
         .iter()
-        .flat_map(|&m| ops::ops_of(m, sync).iter().map(move |&o| (m, o)))
+        .flat_map(|&m| crate::op::ops_of(m, sync).iter().map(move |&o| (m, o)))
         .collect();
     all.iter()
         .map(|&(m, o)| {
@@ -212,7 +213,7 @@ impl Live {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Busy>> {
         // The guarded value is replaced whole, so a poisoned lock still holds a valid one.
-        crate::probe::lock(&self.current)
+        crate::sync::lock(&self.current)
     }
 }
 
@@ -234,23 +235,19 @@ enum Msg {
     Fatal(String),
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// Set by the first Ctrl-C.
+static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
 
-extern "C" fn on_sigint(_: nix::libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// First Ctrl-C: finish the current cycle, clean up, print the summary. SA_RESETHAND
-/// makes a second Ctrl-C kill the process the ordinary way.
+/// First Ctrl-C: finish the current cycle, clean up, print the summary. A second Ctrl-C
+/// (the flag already set) kills the process the ordinary way.
 fn install_sigint() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(
-        SigHandler::Handler(on_sigint),
-        SaFlags::SA_RESTART | SaFlags::SA_RESETHAND,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    if let Err(e) = unsafe { sigaction(Signal::SIGINT, &action) } {
+    use signal_hook::consts::SIGINT;
+    use signal_hook::flag;
+    let flag = &*INTERRUPTED;
+    // Registered first, so it sees the flag before the second handler sets it.
+    let installed = flag::register_conditional_default(SIGINT, Arc::clone(flag))
+        .and_then(|_| flag::register(SIGINT, Arc::clone(flag)));
+    if let Err(e) = installed {
         eprintln!("warning: cannot catch Ctrl-C ({e}); it will end the probe without a summary");
     }
 }

@@ -2,28 +2,25 @@
 //! over the stall's window.
 //!
 //! A stall is counted when its operation crosses the threshold, while the call may still
-//! be blocked, by the watchdog thread that polls every target's in-flight slot. If the
-//! call returns between two polls, the probe thread counts it on return instead. Both
-//! paths go through one lock, so each stall is counted once.
+//! be blocked, by the watchdog (`watchdog.rs`) that polls every target's in-flight slot.
+//! If the call returns between two polls, the probe thread counts it on return instead.
+//! Both paths go through one lock, so each stall is counted once. The log owns
+//! `stallwatch_stalls_total`: nothing else writes it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use prometheus::{IntCounterVec, Opts, Registry};
 use serde::Serialize;
 use tracing::warn;
 
+use crate::blockdev::SyncAction;
 use crate::config::Mode;
-use crate::metrics::Metrics;
-use crate::probe::ops::{Failure, Op};
-use crate::probe::{lock, InFlightOp, Shutdown, TargetShared};
+use crate::inflight::InFlightOp;
+use crate::op::{Failure, Op};
+use crate::sync::lock;
 use crate::vm::VmSample;
-
-/// The shortest pause between two looks of the watchdog at the in-flight slots.
-pub const WATCHDOG_MIN_SLEEP: Duration = Duration::from_millis(1);
-
-/// The longest pause between two looks, whatever the thresholds.
-pub const WATCHDOG_MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// VM samples kept for the start of a stall's window (a stall is seen only once it has
 /// lasted the threshold, so its first part is read back from here).
@@ -35,7 +32,7 @@ pub struct DeviceReading {
     /// Requests in flight (reads + writes) per whole disk.
     pub inflight: HashMap<String, u64>,
     /// Sync action per md array.
-    pub md_action: HashMap<String, String>,
+    pub md_action: HashMap<String, SyncAction>,
 }
 
 /// One sample of the kernel's state as the stall log keeps it.
@@ -63,7 +60,22 @@ pub struct VmContext {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct MdContext {
     pub device: String,
-    pub sync_action: String,
+    /// `unknown` until the sampler has read the array.
+    #[serde(serialize_with = "action_or_unknown")]
+    pub sync_action: Option<SyncAction>,
+}
+
+impl MdContext {
+    pub fn action_label(&self) -> &'static str {
+        self.sync_action.map_or("unknown", SyncAction::as_str)
+    }
+}
+
+fn action_or_unknown<S: serde::Serializer>(
+    a: &Option<SyncAction>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(a.map_or("unknown", SyncAction::as_str))
 }
 
 /// The backing device and its peak in-flight requests during the stall.
@@ -124,11 +136,23 @@ struct Inner {
 pub struct StallLog {
     inner: Mutex<Inner>,
     capacity: usize,
-    metrics: Arc<Metrics>,
+    stalls: IntCounterVec,
 }
 
 impl StallLog {
-    pub fn new(capacity: usize, metrics: Arc<Metrics>) -> StallLog {
+    /// An empty log of `capacity` events; registers `stallwatch_stalls_total`.
+    pub fn new(capacity: usize, registry: &Registry) -> StallLog {
+        let stalls = IntCounterVec::new(
+            Opts::new(
+                "stallwatch_stalls_total",
+                "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked.",
+            ),
+            &["target", "mode", "op"],
+        )
+        .expect("valid metric definition");
+        registry
+            .register(Box::new(stalls.clone()))
+            .expect("metric registered once");
         StallLog {
             inner: Mutex::new(Inner {
                 events: VecDeque::with_capacity(capacity.min(1024)),
@@ -137,8 +161,24 @@ impl StallLog {
                 devices: HashMap::new(),
             }),
             capacity,
-            metrics,
+            stalls,
         }
+    }
+
+    /// Creates a target's stall series at 0, so alerts and `rate()` see them from the
+    /// first scrape.
+    pub fn add_target(&self, name: &str, ops: &[(Mode, Op)]) {
+        for &(mode, op) in ops {
+            self.stalls
+                .with_label_values(&[name, mode.as_str(), op.as_str()]);
+        }
+    }
+
+    /// How many stalls of `name`'s `mode` `op` were counted.
+    pub fn count_of(&self, name: &str, mode: Mode, op: Op) -> u64 {
+        self.stalls
+            .with_label_values(&[name, mode.as_str(), op.as_str()])
+            .get()
     }
 
     /// Records which devices lie beneath a target, for the context of its stalls.
@@ -164,10 +204,16 @@ impl StallLog {
 
     /// The recent events, newest first, ongoing ones with their age so far.
     pub fn events(&self) -> Vec<StallEvent> {
+        self.recent(usize::MAX)
+    }
+
+    /// The newest `limit` events, as [`StallLog::events`]; copies only those.
+    pub fn recent(&self, limit: usize) -> Vec<StallEvent> {
         let inner = lock(&self.inner);
         inner
             .events
             .iter()
+            .take(limit)
             .map(|e| {
                 let mut e = e.clone();
                 if e.ongoing {
@@ -178,17 +224,19 @@ impl StallLog {
             .collect()
     }
 
-    /// The watchdog saw `op` in flight past the target's threshold.
-    pub fn crossed(&self, t: &TargetShared, op: InFlightOp) {
+    /// The watchdog saw `op` of target number `target`, called `name`, in flight past
+    /// its threshold.
+    pub fn crossed(&self, target: usize, name: &str, op: InFlightOp) {
         let mut inner = lock(&self.inner);
-        if inner.counted.get(&t.index) == Some(&op.seq) {
+        if inner.counted.get(&target) == Some(&op.seq) {
             return;
         }
-        inner.counted.insert(t.index, op.seq);
+        inner.counted.insert(target, op.seq);
+        let t = (target, name);
         let ev = self.new_event(&inner, t, op.mode, op.op, op.seq, op.started, true);
-        self.count(t, op.mode, op.op);
+        self.count(name, op.mode, op.op);
         let (md, device, inflight) = log_fields(&ev);
-        warn!(target = %t.target.name, mode = %op.mode, op = %op.op,
+        warn!(target = %name, mode = %op.mode, op = %op.op,
             blocked_seconds = op.age.as_secs_f64(),
             dirty_bytes_start = ev.vm.dirty_bytes_start,
             dirty_bytes_max = ev.vm.dirty_bytes_max,
@@ -199,10 +247,13 @@ impl StallLog {
         self.push(&mut inner, ev);
     }
 
-    /// An operation slower than the threshold returned.
+    /// An operation of target number `target`, called `name`, slower than its
+    /// threshold returned.
+    #[allow(clippy::too_many_arguments)]
     pub fn finished(
         &self,
-        t: &TargetShared,
+        target: usize,
+        name: &str,
         mode: Mode,
         op: Op,
         seq: u64,
@@ -211,15 +262,15 @@ impl StallLog {
     ) {
         let mut inner = lock(&self.inner);
         let started = Instant::now() - elapsed;
-        if inner.counted.get(&t.index) != Some(&seq) {
+        if inner.counted.get(&target) != Some(&seq) {
             // Returned between two watchdog ticks: count it now.
-            inner.counted.insert(t.index, seq);
-            self.count(t, mode, op);
-            let ev = self.new_event(&inner, t, mode, op, seq, started, false);
+            inner.counted.insert(target, seq);
+            self.count(name, mode, op);
+            let ev = self.new_event(&inner, (target, name), mode, op, seq, started, false);
             self.push(&mut inner, ev);
         }
         let latest = inner.history.back().cloned();
-        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (t.index, seq)) else {
+        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (target, seq)) else {
             return;
         };
         if let Some(s) = &latest {
@@ -259,10 +310,9 @@ impl StallLog {
         lock(&self.inner).history.back().cloned()
     }
 
-    fn count(&self, t: &TargetShared, mode: Mode, op: Op) {
-        self.metrics
-            .stalls
-            .with_label_values(&[&t.target.name, mode.as_str(), op.as_str()])
+    fn count(&self, name: &str, mode: Mode, op: Op) {
+        self.stalls
+            .with_label_values(&[name, mode.as_str(), op.as_str()])
             .inc();
     }
 
@@ -277,20 +327,20 @@ impl StallLog {
     fn new_event(
         &self,
         inner: &Inner,
-        t: &TargetShared,
+        (target, name): (usize, &str),
         mode: Mode,
         op: Op,
         seq: u64,
         started: Instant,
         ongoing: bool,
     ) -> StallEvent {
-        let devs = inner.devices.get(&t.index).cloned().unwrap_or_default();
+        let devs = inner.devices.get(&target).cloned().unwrap_or_default();
         // The last sample at or before the start gives the state the call met; the
         // samples since then give the window so far.
         let before = inner.history.iter().rev().find(|s| s.vm.at <= started);
         let first = before.or_else(|| inner.history.iter().find(|s| s.vm.at > started));
         let mut ev = StallEvent {
-            target: t.target.name.clone(),
+            target: name.to_owned(),
             mode: mode.as_str(),
             op: op.as_str(),
             started_at: SystemTime::now() - started.elapsed(),
@@ -303,7 +353,7 @@ impl StallLog {
                 .iter()
                 .map(|a| MdContext {
                     device: a.clone(),
-                    sync_action: "unknown".into(),
+                    sync_action: None,
                 })
                 .collect(),
             device: devs.disk.as_ref().map(|d| DeviceContext {
@@ -311,7 +361,7 @@ impl StallLog {
                 inflight_requests_max: 0,
             }),
             started,
-            key: (t.index, seq),
+            key: (target, seq),
             pressure_start: None,
             disk: devs.disk.clone(),
             arrays: devs.arrays.clone(),
@@ -333,7 +383,7 @@ fn log_fields(ev: &StallEvent) -> (String, String, u64) {
     let md: Vec<String> = ev
         .md
         .iter()
-        .map(|m| format!("{}={}", m.device, m.sync_action))
+        .map(|m| format!("{}={}", m.device, m.action_label()))
         .collect();
     let (device, inflight) = ev
         .device
@@ -364,50 +414,12 @@ fn update(ev: &mut StallEvent, s: &Snapshot) {
         }
     }
     for (name, md) in ev.arrays.iter().zip(ev.md.iter_mut()) {
-        if let Some(action) = s.devices.md_action.get(name) {
+        if let Some(&action) = s.devices.md_action.get(name) {
             // Keep the busiest action seen: "idle" never hides a check seen earlier.
-            if md.sync_action == "unknown" || (md.sync_action == "idle" && action != "idle") {
-                md.sync_action = action.clone();
+            let idle = Some(SyncAction::Idle);
+            if md.sync_action.is_none() || (md.sync_action == idle && Some(action) != idle) {
+                md.sync_action = Some(action);
             }
-        }
-    }
-}
-
-/// The watchdog thread: counts overdue cycles and threshold crossings, live.
-pub fn run_watchdog(
-    targets: Vec<Arc<TargetShared>>,
-    stalls: Arc<StallLog>,
-    metrics: Arc<Metrics>,
-    shutdown: Arc<Shutdown>,
-) {
-    // When to look next: at the exact moment an operation in flight would cross its
-    // threshold, at a running cycle's next due time (to count the skip live), and
-    // otherwise after the smallest threshold: an operation that starts just after a
-    // look is then seen in flight before it can cross, and its crossing is scheduled
-    // exactly. Idle, the agent wakes once per threshold, not many times a second.
-    let idle = targets
-        .iter()
-        .map(|t| t.target.stall_threshold)
-        .min()
-        .unwrap_or(WATCHDOG_MAX_SLEEP)
-        .clamp(WATCHDOG_MIN_SLEEP, WATCHDOG_MAX_SLEEP);
-    loop {
-        let now = Instant::now();
-        let mut wake = now + idle;
-        for t in &targets {
-            if let Some(due) = t.count_overdue(&metrics) {
-                wake = wake.min(due);
-            }
-            if let Some(op) = t.inflight.current() {
-                if op.age >= t.target.stall_threshold {
-                    stalls.crossed(t, op);
-                } else {
-                    wake = wake.min(op.started + t.target.stall_threshold);
-                }
-            }
-        }
-        if shutdown.sleep_until(wake.max(now + WATCHDOG_MIN_SLEEP)) {
-            return;
         }
     }
 }
@@ -415,28 +427,18 @@ pub fn run_watchdog(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{SyncKind, Target};
     use crate::vm::{IoPressureTotals, VmCounters};
 
-    fn target() -> Arc<TargetShared> {
-        Arc::new(TargetShared::new(
-            0,
-            Target {
-                name: "t".into(),
-                path: "/t".into(),
-                interval: Duration::from_secs(1),
-                modes: vec![Mode::Overwrite],
-                size: 4096,
-                sync: SyncKind::Fsync,
-                require_mountpoint: false,
-                stall_threshold: Duration::from_millis(500),
-            },
-        ))
-    }
-
-    fn snap(at: Instant, dirty: u64, wb: u64, full: f64, md: &str, inflight: u64) -> Snapshot {
+    fn snap(
+        at: Instant,
+        dirty: u64,
+        wb: u64,
+        full: f64,
+        md: SyncAction,
+        inflight: u64,
+    ) -> Snapshot {
         let mut devices = DeviceReading::default();
-        devices.md_action.insert("md0".into(), md.into());
+        devices.md_action.insert("md0".into(), md);
         devices.inflight.insert("sdb".into(), inflight);
         Snapshot {
             vm: VmSample {
@@ -459,10 +461,8 @@ mod tests {
         }
     }
 
-    fn setup() -> (Arc<TargetShared>, Arc<Metrics>, StallLog) {
-        let t = target();
-        let m = Arc::new(Metrics::new(vec![Arc::clone(&t)]));
-        let log = StallLog::new(2, Arc::clone(&m));
+    fn setup() -> StallLog {
+        let log = StallLog::new(2, &Registry::new());
         log.set_devices(
             0,
             TargetDevices {
@@ -470,25 +470,23 @@ mod tests {
                 arrays: vec!["md0".into()],
             },
         );
-        (t, m, log)
+        log
     }
 
-    fn counted(m: &Metrics) -> u64 {
-        m.stalls
-            .with_label_values(&["t", "overwrite", "fsync"])
-            .get()
+    fn counted(log: &StallLog) -> u64 {
+        log.count_of("t", Mode::Overwrite, Op::Fsync)
     }
 
     #[test]
     fn window_context_from_history_and_later_samples() {
-        let (t, m, log) = setup();
+        let log = setup();
         let start = Instant::now() - Duration::from_millis(600);
         log.observe(snap(
             start - Duration::from_millis(50),
             100,
             0,
             1.0,
-            "idle",
+            SyncAction::Idle,
             1,
         ));
         log.observe(snap(
@@ -496,7 +494,7 @@ mod tests {
             300,
             50,
             1.5,
-            "check",
+            SyncAction::Check,
             7,
         ));
         let op = InFlightOp {
@@ -506,18 +504,18 @@ mod tests {
             started: start,
             age: start.elapsed(),
         };
-        log.crossed(&t, op);
-        log.crossed(&t, op);
-        assert_eq!(counted(&m), 1, "a crossing is counted once");
+        log.crossed(0, "t", op);
+        log.crossed(0, "t", op);
+        assert_eq!(counted(&log), 1, "a crossing is counted once");
         let ev = &log.events()[0];
         assert!(ev.ongoing);
         assert_eq!(ev.vm.dirty_bytes_start, 100);
         assert_eq!(ev.vm.dirty_bytes_max, 300);
-        assert_eq!(ev.md[0].sync_action, "check");
+        assert_eq!(ev.md[0].sync_action, Some(SyncAction::Check));
         // Later samples while ongoing raise the maxima; idle does not hide the check.
-        log.observe(snap(Instant::now(), 200, 90, 4.0, "idle", 3));
-        log.finished(&t, Mode::Overwrite, Op::Fsync, 9, start.elapsed(), None);
-        assert_eq!(counted(&m), 1, "finishing does not count again");
+        log.observe(snap(Instant::now(), 200, 90, 4.0, SyncAction::Idle, 3));
+        log.finished(0, "t", Mode::Overwrite, Op::Fsync, 9, start.elapsed(), None);
+        assert_eq!(counted(&log), 1, "finishing does not count again");
         let ev = &log.events()[0];
         assert!(!ev.ongoing);
         assert_eq!(
@@ -526,20 +524,22 @@ mod tests {
         );
         assert_eq!(ev.vm.io_pressure_full_seconds, Some(3.0));
         assert_eq!(ev.vm.dirty_threshold_bytes, 1000);
-        assert_eq!(ev.md[0].sync_action, "check");
+        assert_eq!(ev.md[0].sync_action, Some(SyncAction::Check));
         assert_eq!(ev.device.as_ref().unwrap().inflight_requests_max, 7);
         let json = serde_json::to_value(ev).unwrap();
         assert_eq!(json["md"][0]["device"], "md0");
+        assert_eq!(json["md"][0]["sync_action"], "check");
         assert_eq!(json["ongoing"], false);
         assert!(json["started_at"].as_str().unwrap().ends_with('Z'));
     }
 
     #[test]
     fn returned_between_ticks_is_counted_on_return_and_ring_is_bounded() {
-        let (t, m, log) = setup();
+        let log = setup();
         for seq in 1..=3 {
             log.finished(
-                &t,
+                0,
+                "t",
                 Mode::Overwrite,
                 Op::Fsync,
                 seq,
@@ -547,7 +547,7 @@ mod tests {
                 Some(Failure::Errno(nix::errno::Errno::EIO)),
             );
         }
-        assert_eq!(counted(&m), 3);
+        assert_eq!(counted(&log), 3);
         let ev = log.events();
         assert_eq!(ev.len(), 2, "ring bounded at stall_log_size");
         assert!(ev[0].started_at >= ev[1].started_at, "newest first");

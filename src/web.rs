@@ -4,7 +4,7 @@
 //! open connections. A scrape from a well-behaved client must get through while
 //! hundreds of idle or half-sent connections are open.
 
-use crate::probe::lock;
+use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,102 +1,34 @@
 //! One OS thread per target: schedule, mount check, the in-flight slot that the scrape
-//! and the stall watchdog read, and the results of each cycle.
+//! and the stall watchdog read, and the results of each cycle. This module owns the
+//! probe metric families (`metrics.rs` here) and fills them; nothing else writes them.
 //!
 //! A probe blocked in the kernel blocks only its own thread. Everything other threads
 //! need from it is in atomics or behind short-held locks that are never held across a
 //! system call on the probed filesystem.
 
+mod metrics;
 pub mod ops;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use prometheus::IntCounter;
 use tracing::{info, warn};
 
 use crate::blockdev;
 use crate::config::{Mode, Target};
-use crate::metrics::Metrics;
+use crate::inflight::InflightSlot;
 use crate::mounts::{self, Mount};
+use crate::op::{ops_of, Failure, Op};
 use crate::stalls::{StallLog, TargetDevices};
-use ops::{Failure, Observer, Op, OpError};
-
-/// Locks a mutex, ignoring poisoning: the data behind our locks stays consistent
-/// even if a holder panicked, and the agent must keep answering.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// Nanoseconds since the process epoch, plus one so that 0 can mean "nothing".
-fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64 + 1
-}
-
-const MODES: [Mode; 4] = [Mode::Create, Mode::Overwrite, Mode::Direct, Mode::Replace];
-
-/// The operation a target has in flight, as other threads see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InFlightOp {
-    pub mode: Mode,
-    pub op: Op,
-    /// Increments with every operation; identifies one call across threads.
-    pub seq: u64,
-    pub started: Instant,
-    pub age: Duration,
-}
-
-/// Lock-free record of the operation in flight, written only by the target's thread.
-#[derive(Default)]
-pub struct InflightSlot {
-    started: AtomicU64,
-    what: AtomicU64,
-    seq: AtomicU64,
-}
-
-impl InflightSlot {
-    pub(crate) fn begin(&self, mode: Mode, op: Op) -> u64 {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let m = MODES.iter().position(|x| *x == mode).unwrap_or(0) as u64;
-        self.what
-            .store((m << 8) | op.index() as u64, Ordering::Relaxed);
-        self.started.store(now_ns(), Ordering::Release);
-        seq
-    }
-
-    pub(crate) fn end(&self) {
-        self.started.store(0, Ordering::Release);
-    }
-
-    /// The operation in flight right now, if any.
-    pub fn current(&self) -> Option<InFlightOp> {
-        let started = self.started.load(Ordering::Acquire);
-        if started == 0 {
-            return None;
-        }
-        let what = self.what.load(Ordering::Relaxed);
-        let seq = self.seq.load(Ordering::Relaxed);
-        // A new op may have begun between the loads; then this reading is stale.
-        if self.started.load(Ordering::Acquire) != started {
-            return None;
-        }
-        let started = epoch() + Duration::from_nanos(started - 1);
-        Some(InFlightOp {
-            mode: MODES[((what >> 8) as usize).min(3)],
-            op: Op::ALL[((what & 0xff) as usize).min(Op::ALL.len() - 1)],
-            seq,
-            started,
-            age: started.elapsed(),
-        })
-    }
-}
+use crate::sync::{lock, Shutdown};
+pub use metrics::{register_inflight, ProbeMetrics, SkipReason, BUCKETS};
+use ops::{Observer, OpError};
 
 /// A target's state as the landing page and the logs show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum State {
     Starting,
     Up,
@@ -110,13 +42,7 @@ pub enum State {
 
 impl State {
     pub fn label(&self) -> &'static str {
-        match self {
-            State::Starting => "starting",
-            State::Up => "up",
-            State::NotMounted => "not_mounted",
-            State::MountChanged(_) => "mount_changed",
-            State::Failing(_) => "failing",
-        }
+        self.into()
     }
 }
 
@@ -145,18 +71,23 @@ pub struct TargetShared {
     pub inflight: InflightSlot,
     sched: Mutex<Sched>,
     status: Mutex<Status>,
+    /// This target's `stallwatch_probes_skipped_total{reason="in_flight"}`.
+    skipped_in_flight: IntCounter,
 }
 
 impl TargetShared {
-    pub fn new(index: usize, target: Target) -> TargetShared {
+    /// Target number `index` of the configuration; its series are created in `metrics`.
+    pub fn new(index: usize, target: Target, metrics: &ProbeMetrics) -> TargetShared {
         let mut pairs = Vec::new();
         for &m in &target.modes {
-            for &o in ops::ops_of(m, target.sync) {
+            for &o in ops_of(m, target.sync) {
                 pairs.push((m, o));
             }
         }
+        metrics.add_target(&target, &pairs);
         TargetShared {
             index,
+            skipped_in_flight: metrics.skipped(&target.name, SkipReason::InFlight),
             ops: pairs,
             inflight: InflightSlot::default(),
             sched: Mutex::new(Sched {
@@ -184,7 +115,7 @@ impl TargetShared {
     /// the lock makes each due time counted once.
     /// Returns the next due time while a cycle is running (when the next skip would
     /// be counted), None when idle.
-    pub fn count_overdue(&self, metrics: &Metrics) -> Option<Instant> {
+    pub fn count_overdue(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut s = lock(&self.sched);
         if !s.running {
@@ -192,55 +123,15 @@ impl TargetShared {
         }
         while s.next_due <= now {
             s.next_due += self.target.interval;
-            metrics
-                .skipped
-                .with_label_values(&[&self.target.name, "in_flight"])
-                .inc();
+            self.skipped_in_flight.inc();
         }
         Some(s.next_due)
     }
 }
 
-/// Stop flag with a condition variable, so sleeping threads wake at once.
-#[derive(Default)]
-pub struct Shutdown {
-    stop: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Shutdown {
-    pub fn trigger(&self) {
-        *lock(&self.stop) = true;
-        self.cv.notify_all();
-    }
-
-    pub fn is_set(&self) -> bool {
-        *lock(&self.stop)
-    }
-
-    /// Sleeps until `deadline` or shutdown; returns true when shutting down.
-    pub fn sleep_until(&self, deadline: Instant) -> bool {
-        let mut stop = lock(&self.stop);
-        loop {
-            if *stop {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            stop = self
-                .cv
-                .wait_timeout(stop, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
 /// What the probe threads need from the rest of the agent.
 pub struct Context {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ProbeMetrics>,
     pub stalls: Arc<StallLog>,
     pub shutdown: Arc<Shutdown>,
     pub proc_root: PathBuf,
@@ -263,16 +154,14 @@ impl Observer for Recorder<'_> {
         self.shared.inflight.end();
         let t = &self.shared.target;
         if failure.is_none() && op != Op::Prepare {
-            self.ctx
-                .metrics
-                .probe_duration
-                .with_label_values(&[&t.name, mode.as_str(), op.as_str()])
-                .observe(elapsed.as_secs_f64());
+            self.ctx.metrics.observe(&t.name, mode, op, elapsed);
         }
         if elapsed >= t.stall_threshold {
+            let seq = self.seq.get();
+            let (index, name) = (self.shared.index, t.name.as_str());
             self.ctx
                 .stalls
-                .finished(self.shared, mode, op, self.seq.get(), elapsed, failure);
+                .finished(index, name, mode, op, seq, elapsed, failure);
         }
     }
 }
@@ -294,24 +183,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(shared: Arc<TargetShared>, ctx: Arc<Context>) -> Worker {
-        let m = &ctx.metrics;
-        let name = shared.target.name.as_str();
-        // Pre-create the series that alerts and rate() need from the first scrape.
-        for &(mode, op) in &shared.ops {
-            m.probe_duration
-                .with_label_values(&[name, mode.as_str(), op.as_str()]);
-            m.stalls
-                .with_label_values(&[name, mode.as_str(), op.as_str()]);
-        }
-        for &mode in &shared.target.modes {
-            m.probes.with_label_values(&[name, mode.as_str()]);
-        }
-        for reason in ["in_flight", "not_mounted", "mount_changed"] {
-            m.skipped.with_label_values(&[name, reason]);
-        }
-        m.target_up.with_label_values(&[name]).set(0);
-        m.target_read_only.with_label_values(&[name]).set(0);
-        m.last_success.with_label_values(&[name]).set(0.0);
+        ctx.stalls.add_target(&shared.target.name, &shared.ops);
         Worker {
             mounts: mounts::MountTable::new(&ctx.proc_root),
             canon: None,
@@ -338,7 +210,7 @@ impl Worker {
                 s.next_due += interval;
             }
             self.cycle();
-            self.shared.count_overdue(&self.ctx.metrics);
+            self.shared.count_overdue();
             lock(&self.shared.sched).running = false;
         }
         self.cleanup();
@@ -363,7 +235,7 @@ impl Worker {
 
     /// Decides whether the target may be probed now. Returns the mount it is on, and
     /// the mount id the probe directory must be on (None when not required).
-    fn check_mount(&mut self) -> Result<(Option<Mount>, Option<u64>), &'static str> {
+    fn check_mount(&mut self) -> Result<(Option<Mount>, Option<u64>), SkipReason> {
         let require = self.shared.target.require_mountpoint;
         let refreshed = self.mounts.current().map(|_| ());
         let canon = self.canonical_path();
@@ -384,12 +256,12 @@ impl Worker {
             Ok(Some(m)) => m,
             Ok(None) => {
                 self.set_state(State::NotMounted);
-                return Err("not_mounted");
+                return Err(SkipReason::NotMounted);
             }
             Err(e) => {
                 // Without a mount table the mount cannot be verified: do not write.
                 warn!(error = %e, "cannot read the mount table");
-                return Err("not_mounted");
+                return Err(SkipReason::NotMounted);
             }
         };
         match &self.expected {
@@ -398,7 +270,7 @@ impl Worker {
                     "expected {} ({}, {}), found {} ({}, {})",
                     e.source, e.fstype, e.maj_min, m.source, m.fstype, m.maj_min
                 )));
-                return Err("mount_changed");
+                return Err(SkipReason::MountChanged);
             }
             Some(_) => {}
             None => self.expected = Some(m.clone()),
@@ -427,14 +299,10 @@ impl Worker {
         if st.mount == *mount {
             return;
         }
-        let metric = &self.ctx.metrics.target_info;
-        if let Some(old) = &st.mount {
-            let _ = metric.remove_label_values(&info_labels(t, old).each_ref().map(|s| s.as_str()));
-        }
+        self.ctx
+            .metrics
+            .set_mount(t, st.mount.as_ref(), mount.as_ref());
         if let Some(m) = mount {
-            metric
-                .with_label_values(&info_labels(t, m).each_ref().map(|s| s.as_str()))
-                .set(1);
             self.ctx
                 .stalls
                 .set_devices(self.shared.index, devices_of(&self.ctx.sys_root, m));
@@ -453,8 +321,8 @@ impl Worker {
         let (mount, want_id) = match self.check_mount() {
             Ok(x) => x,
             Err(reason) => {
-                m.skipped.with_label_values(&[&name, reason]).inc();
-                m.target_up.with_label_values(&[&name]).set(0);
+                m.skipped(&name, reason).inc();
+                m.set_up(&name, false);
                 return;
             }
         };
@@ -492,7 +360,7 @@ impl Worker {
                     if let Err(e) = ops::run_mode(mode, &dir, &spec, &rec) {
                         errors.push(e);
                     }
-                    m.probes.with_label_values(&[&name, mode.as_str()]).inc();
+                    m.cycle_done(&name, mode);
                 }
             }
             Err(e) => {
@@ -503,21 +371,17 @@ impl Worker {
                         failure: e.failure,
                         context: e.context.clone(),
                     });
-                    m.probes.with_label_values(&[&name, mode.as_str()]).inc();
+                    m.cycle_done(&name, mode);
                 }
             }
         }
         for e in &errors {
-            m.probe_errors
-                .with_label_values(&[&name, e.mode.as_str(), e.op.as_str(), e.failure.label()])
-                .inc();
+            m.failed(&name, e.mode, e.op, e.failure);
             if e.failure == Failure::Errno(nix::errno::Errno::EROFS) {
                 read_only = true;
             }
         }
-        m.target_read_only
-            .with_label_values(&[&name])
-            .set(read_only as i64);
+        m.set_read_only(&name, read_only);
         let mut st = lock(&self.shared.status);
         st.cycles += 1;
         let was_read_only = std::mem::replace(&mut st.read_only, read_only);
@@ -532,16 +396,12 @@ impl Worker {
         }
         if errors.is_empty() {
             let now = SystemTime::now();
-            m.target_up.with_label_values(&[&name]).set(1);
-            m.last_success.with_label_values(&[&name]).set(
-                now.duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs_f64(),
-            );
+            m.set_up(&name, true);
+            m.succeeded_at(&name, now);
             lock(&self.shared.status).last_success = Some(now);
             self.set_state(State::Up);
         } else {
-            m.target_up.with_label_values(&[&name]).set(0);
+            m.set_up(&name, false);
             // Keyed without the per-cycle context (file names change every cycle), so a
             // persisting fault is logged once, not every cycle.
             let key: Vec<String> = errors
@@ -616,18 +476,114 @@ fn devices_of(sys_root: &Path, m: &Mount) -> TargetDevices {
     }
 }
 
-fn info_labels(t: &Target, m: &Mount) -> [String; 6] {
-    [
-        t.name.clone(),
-        t.path.display().to_string(),
-        m.mount_point.display().to_string(),
-        m.source.clone(),
-        m.fstype.clone(),
-        m.options(),
-    ]
-}
-
 /// Where each target's probe files live.
 pub fn probe_dir_of(path: &Path) -> PathBuf {
     path.join(ops::PROBE_DIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SyncKind;
+    use prometheus::Registry;
+
+    fn target(path: &Path, require_mountpoint: bool) -> Target {
+        Target {
+            name: "t".into(),
+            path: path.to_owned(),
+            interval: Duration::from_secs(3600),
+            modes: vec![Mode::Create, Mode::Overwrite, Mode::Replace],
+            size: 4096,
+            sync: SyncKind::Fdatasync,
+            require_mountpoint,
+            stall_threshold: Duration::from_secs(60),
+        }
+    }
+
+    /// A worker on `t` with its own registry, as the agent wires it.
+    fn worker(t: Target) -> (Worker, Arc<Context>) {
+        let registry = Registry::new();
+        let metrics = Arc::new(ProbeMetrics::new(&registry));
+        let shared = Arc::new(TargetShared::new(0, t, &metrics));
+        let ctx = Arc::new(Context {
+            metrics,
+            stalls: Arc::new(StallLog::new(4, &registry)),
+            shutdown: Arc::new(Shutdown::default()),
+            proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
+        });
+        (Worker::new(shared, Arc::clone(&ctx)), ctx)
+    }
+
+    #[test]
+    fn a_cycle_times_every_op_of_every_mode_and_marks_the_target_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, ctx) = worker(target(dir.path(), false));
+        let m = &ctx.metrics;
+        assert_eq!(m.up_of("t"), 0, "down until a cycle succeeded");
+        w.cycle();
+        for mode in [Mode::Create, Mode::Overwrite, Mode::Replace] {
+            assert_eq!(m.cycles_of("t", mode), 1, "{mode}");
+        }
+        for (mode, op) in [
+            (Mode::Create, Op::Create),
+            (Mode::Create, Op::Unlink),
+            (Mode::Overwrite, Op::Write),
+            (Mode::Overwrite, Op::Fdatasync),
+            (Mode::Replace, Op::Rename),
+            (Mode::Replace, Op::Dirsync),
+        ] {
+            assert_eq!(m.observed("t", mode, op), 1, "{mode} {op}");
+        }
+        assert_eq!(m.up_of("t"), 1);
+        let st = w.shared.status();
+        assert_eq!((st.state, st.cycles), (State::Up, 1));
+        assert!(st.last_success.is_some());
+        assert!(
+            w.shared.inflight.current().is_none(),
+            "nothing left in flight"
+        );
+        w.cleanup();
+        assert!(
+            !probe_dir_of(dir.path()).exists(),
+            "cleanup removes the probe dir"
+        );
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_mount_point_is_skipped_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut w, ctx) = worker(target(dir.path(), true));
+        w.cycle();
+        assert_eq!(ctx.metrics.skipped_of("t", SkipReason::NotMounted), 1);
+        assert_eq!(ctx.metrics.cycles_of("t", Mode::Create), 0);
+        assert_eq!(ctx.metrics.up_of("t"), 0);
+        assert_eq!(w.shared.status().state, State::NotMounted);
+        assert!(!probe_dir_of(dir.path()).exists(), "nothing written");
+    }
+
+    #[test]
+    fn cycles_due_while_one_runs_are_counted_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = target(dir.path(), false);
+        t.interval = Duration::from_millis(10);
+        let (w, ctx) = worker(t);
+        let shared = &w.shared;
+        assert_eq!(shared.count_overdue(), None, "idle: nothing to count");
+        {
+            let mut s = lock(&shared.sched);
+            s.running = true;
+            s.next_due = Instant::now() - Duration::from_millis(25);
+        }
+        let next = shared.count_overdue().expect("running");
+        assert!(next > Instant::now());
+        // 25 ms overdue at a 10 ms interval: the due times at -25, -15 and -5 ms.
+        assert_eq!(ctx.metrics.skipped_of("t", SkipReason::InFlight), 3);
+        shared.count_overdue();
+        assert_eq!(
+            ctx.metrics.skipped_of("t", SkipReason::InFlight),
+            3,
+            "once each"
+        );
+    }
 }

@@ -5,9 +5,8 @@
 //! so a symlink planted in the probe directory is never followed and nothing outside it
 //! is touched. No descriptor outlives a cycle, so the agent never makes `umount` fail.
 
-use std::alloc::Layout;
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,142 +14,13 @@ use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::{mkdirat, Mode as FileMode};
 use nix::unistd::{fdatasync, fsync, unlinkat, UnlinkatFlags};
+use rustix::fs::{AtFlags, FileType, Statx, StatxFlags};
 
 use crate::config::{Mode, SyncKind};
+use crate::op::{Failure, Op};
 
 /// Name of the directory the agent owns below each target path.
 pub const PROBE_DIR: &str = ".stallwatch";
-
-/// One timed operation. Names are contract (metric label `op`); `prepare` covers the
-/// untimed set-up a cycle may need (opening the probe directory, preallocating a file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    Prepare,
-    Create,
-    Close,
-    Unlink,
-    Write,
-    Fsync,
-    Fdatasync,
-    Rename,
-    Dirsync,
-}
-
-impl Op {
-    pub const ALL: [Op; 9] = [
-        Op::Prepare,
-        Op::Create,
-        Op::Close,
-        Op::Unlink,
-        Op::Write,
-        Op::Fsync,
-        Op::Fdatasync,
-        Op::Rename,
-        Op::Dirsync,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Prepare => "prepare",
-            Op::Create => "create",
-            Op::Close => "close",
-            Op::Unlink => "unlink",
-            Op::Write => "write",
-            Op::Fsync => "fsync",
-            Op::Fdatasync => "fdatasync",
-            Op::Rename => "rename",
-            Op::Dirsync => "dirsync",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        Op::ALL.iter().position(|o| *o == self).unwrap_or(0)
-    }
-}
-
-impl fmt::Display for Op {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The timed operations of a mode, in the order a cycle runs them.
-pub fn ops_of(mode: Mode, sync: SyncKind) -> &'static [Op] {
-    match (mode, sync) {
-        (Mode::Create, _) => &[Op::Create, Op::Close, Op::Unlink],
-        (Mode::Overwrite, SyncKind::Fsync) => &[Op::Write, Op::Fsync],
-        (Mode::Overwrite, SyncKind::Fdatasync) => &[Op::Write, Op::Fdatasync],
-        (Mode::Direct, _) => &[Op::Write],
-        (Mode::Replace, _) => &[Op::Create, Op::Write, Op::Fsync, Op::Rename, Op::Dirsync],
-    }
-}
-
-/// Why an operation failed: an errno, or a condition the kernel does not name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    Errno(Errno),
-    /// `pwrite` wrote fewer bytes than asked.
-    ShortWrite,
-    /// The probe directory is a symlink, not ours, or writable by others.
-    UnsafeDir,
-    /// The directory is not on the mount that was checked (it changed under us).
-    MountChanged,
-}
-
-impl Failure {
-    /// The value of the `errno` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Failure::Errno(e) => errno_name(e),
-            Failure::ShortWrite => "short_write",
-            Failure::UnsafeDir => "unsafe_dir",
-            Failure::MountChanged => "mount_changed",
-        }
-    }
-}
-
-/// The symbolic name of an errno (`EIO`), as the metrics label it.
-pub fn errno_name(e: Errno) -> &'static str {
-    // Errno's Debug is its symbolic name; intern the few we see to avoid allocating.
-    match e {
-        Errno::EIO => "EIO",
-        Errno::ENOSPC => "ENOSPC",
-        Errno::EROFS => "EROFS",
-        Errno::EACCES => "EACCES",
-        Errno::EPERM => "EPERM",
-        Errno::ENOENT => "ENOENT",
-        Errno::EINVAL => "EINVAL",
-        Errno::EDQUOT => "EDQUOT",
-        Errno::ELOOP => "ELOOP",
-        Errno::ENOTDIR => "ENOTDIR",
-        Errno::EEXIST => "EEXIST",
-        Errno::ESTALE => "ESTALE",
-        Errno::EUCLEAN => "EUCLEAN",
-        Errno::ENODEV => "ENODEV",
-        Errno::ENXIO => "ENXIO",
-        Errno::EBADF => "EBADF",
-        Errno::EMFILE => "EMFILE",
-        Errno::ENFILE => "ENFILE",
-        Errno::ENOMEM => "ENOMEM",
-        Errno::EINTR => "EINTR",
-        Errno::EAGAIN => "EAGAIN",
-        Errno::EFBIG => "EFBIG",
-        Errno::ETIMEDOUT => "ETIMEDOUT",
-        Errno::ENOTCONN => "ENOTCONN",
-        _ => "other",
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Errno(e) => write!(f, "{} ({})", errno_name(*e), e.desc()),
-            Failure::ShortWrite => f.write_str("short write"),
-            Failure::UnsafeDir => f.write_str("unsafe probe directory"),
-            Failure::MountChanged => f.write_str("mount changed under the probe"),
-        }
-    }
-}
 
 /// A failed operation of a cycle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,37 +67,26 @@ pub struct ProbeDir {
 /// The mount id of an open descriptor (statx `STATX_MNT_ID`, Linux 5.8+), so that the
 /// directory we hold can be checked against the mount table without a race.
 pub fn mount_id(fd: impl AsFd) -> Result<u64, Errno> {
-    let st = statx(fd.as_fd(), nix::libc::STATX_MNT_ID)?;
-    if st.stx_mask & nix::libc::STATX_MNT_ID == 0 {
+    let st = statx(fd.as_fd(), StatxFlags::MNT_ID)?;
+    if st.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
         return Err(Errno::ENOSYS);
     }
     Ok(st.stx_mnt_id)
 }
 
-fn statx(fd: std::os::fd::BorrowedFd<'_>, mask: u32) -> Result<nix::libc::statx, Errno> {
-    // SAFETY: statx writes into the zeroed struct we pass; the empty path with
-    // AT_EMPTY_PATH refers to `fd` itself.
-    unsafe {
-        let mut st: nix::libc::statx = std::mem::zeroed();
-        let rc = nix::libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            nix::libc::AT_EMPTY_PATH,
-            mask,
-            &mut st,
-        );
-        Errno::result(rc)?;
-        Ok(st)
-    }
+/// statx of the descriptor itself (an empty path with `AT_EMPTY_PATH`), asking only for
+/// `mask`.
+fn statx(fd: BorrowedFd<'_>, mask: StatxFlags) -> Result<Statx, Errno> {
+    rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, mask)
+        .map_err(|e| Errno::from_raw(e.raw_os_error()))
 }
 
 /// The filesystem's O_DIRECT alignment (statx `STATX_DIOALIGN`, Linux 6.1+): `None`
 /// when the filesystem says it does not support direct I/O, 4096 when the kernel is too
 /// old to say.
 fn direct_alignment(fd: impl AsFd) -> Option<u64> {
-    const STATX_DIOALIGN: u32 = 0x2000;
-    match statx(fd.as_fd(), STATX_DIOALIGN) {
-        Ok(st) if st.stx_mask & STATX_DIOALIGN != 0 => {
+    match statx(fd.as_fd(), StatxFlags::DIOALIGN) {
+        Ok(st) if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 => {
             if st.stx_dio_offset_align == 0 {
                 None
             } else {
@@ -342,7 +201,7 @@ fn open_dir(
     })?;
     // statx without the timestamps, for the same reason as in open_prealloc: a queried
     // directory mtime would make every create and unlink in it update the inode.
-    let mask = nix::libc::STATX_TYPE | nix::libc::STATX_MODE | nix::libc::STATX_UID;
+    let mask = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::UID;
     let st = statx(fd.as_fd(), mask)
         .map_err(|e| err(Failure::Errno(e), "stat probe directory".into()))?;
     let pst =
@@ -463,35 +322,32 @@ impl Timer<'_> {
     }
 }
 
-/// A heap buffer aligned for O_DIRECT.
+/// A heap buffer aligned for O_DIRECT: `len` bytes at an `align`ed address inside a
+/// slightly larger allocation, so no unsafe allocation code is needed.
 struct AlignedBuf {
-    ptr: *mut u8,
-    layout: Layout,
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
 }
 
 impl AlignedBuf {
     fn new(len: usize, align: usize, fill: u8) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(1), align.max(1)).expect("valid layout");
-        // SAFETY: layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+        let align = align.max(1);
+        let storage = vec![fill; len + align];
+        let start = storage.as_ptr().align_offset(align);
+        assert!(
+            start < align,
+            "a byte buffer can be aligned within one alignment"
+        );
+        AlignedBuf {
+            storage,
+            start,
+            len,
         }
-        // SAFETY: ptr is valid for len bytes.
-        unsafe { std::ptr::write_bytes(ptr, fill, len) };
-        AlignedBuf { ptr, layout }
     }
 
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: allocated and initialised for layout.size() bytes in new().
-        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in new().
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        &self.storage[self.start..self.start + self.len]
     }
 }
 
@@ -534,11 +390,11 @@ fn open_prealloc(
             // very latency we measure.
             let st = statx(
                 fd.as_fd(),
-                nix::libc::STATX_TYPE | nix::libc::STATX_NLINK | nix::libc::STATX_SIZE,
+                StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
             )
             .map_err(errno)?;
-            if u32::from(st.stx_mode) & nix::libc::S_IFMT != nix::libc::S_IFREG || st.stx_nlink != 1
-            {
+            let regular = FileType::from_raw_mode(st.stx_mode.into()) == FileType::RegularFile;
+            if !regular || st.stx_nlink != 1 {
                 return Err(Failure::UnsafeDir);
             }
             if st.stx_size < size {

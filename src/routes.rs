@@ -1,5 +1,6 @@
-//! The HTTP side: `/metrics`, `/healthz`, `/`, `/api/stalls`. Every handler reads the
-//! latest cached state only; nothing here waits on a probe.
+//! The routes: `/metrics`, `/healthz`, `/`, `/api/stalls`. Every handler reads the
+//! latest cached state only; nothing here waits on a probe. The server around them
+//! (TLS, auth, limits, accept loop) is `web/`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -12,13 +13,16 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tower_http::compression::CompressionLayer;
 
-use crate::metrics::Metrics;
-use crate::probe::TargetShared;
+use crate::metrics;
+use crate::probe::{State as TargetState, TargetShared};
 use crate::stalls::StallLog;
+
+/// Events listed on the landing page; `/api/stalls` has them all.
+const PAGE_EVENTS: usize = 50;
 
 /// What the handlers read.
 pub struct App {
-    pub metrics: Arc<Metrics>,
+    pub registry: prometheus::Registry,
     pub stalls: Arc<StallLog>,
     pub targets: Vec<Arc<TargetShared>>,
     pub telemetry_path: String,
@@ -49,7 +53,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.encode(),
+        metrics::encode(&app.registry),
     )
         .into_response()
 }
@@ -116,7 +120,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             })
             .unwrap_or_else(|| "-".into());
         let detail = match &st.state {
-            crate::probe::State::Failing(e) | crate::probe::State::MountChanged(e) => {
+            TargetState::Failing(e) | TargetState::MountChanged(e) => {
                 format!(": {e}")
             }
             _ => String::new(),
@@ -160,14 +164,14 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             mib(c.writeback_bytes),
         );
         let mut md: Vec<_> = snap.devices.md_action.iter().collect();
-        md.sort();
+        md.sort_by(|a, b| a.0.cmp(b.0));
         for (dev, action) in md {
-            let _ = write!(h, "; {} {}", esc(dev), esc(action));
+            let _ = write!(h, "; {} {}", esc(dev), action.as_str());
         }
         h.push_str("</p>");
     }
     h.push_str("<h2>Recent stalls</h2>");
-    let events = app.stalls.events();
+    let events = app.stalls.recent(PAGE_EVENTS);
     if events.is_empty() {
         h.push_str("<p>None since start.</p>");
     } else {
@@ -175,10 +179,10 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             "<table><tr><th>started</th><th>target</th><th>op</th><th>duration</th>\
              <th>dirty max</th><th>writeback max</th><th>md</th><th>error</th></tr>",
         );
-        for e in events.iter().take(50) {
+        for e in &events {
             let md: Vec<String> =
                 e.md.iter()
-                    .map(|m| format!("{} {}", m.device, m.sync_action))
+                    .map(|m| format!("{} {}", m.device, m.action_label()))
                     .collect();
             let _ = write!(
                 h,

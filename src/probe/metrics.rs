@@ -1,0 +1,337 @@
+//! The probe metric families, owned by the probe threads: latency histograms, errors,
+//! cycles, skips, target state, and the in-flight age computed at scrape time. Names are
+//! contract (SPEC "Metrics"); the dashboard and the alert rules depend on them.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use super::TargetShared;
+use crate::config::{Mode, Target};
+use crate::mounts::Mount;
+use crate::op::{Failure, Op};
+
+/// Latency buckets from 25 µs (a cached metadata op on NVMe) to 300 s (the longest
+/// writeback stalls reported on RAID): roughly 1-2.5-5 per decade.
+pub const BUCKETS: [f64; 23] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 180.0, 300.0,
+];
+
+/// Why a cycle was not started (label `reason` of `stallwatch_probes_skipped_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum SkipReason {
+    /// The previous cycle is still running (blocked in the kernel).
+    InFlight,
+    /// The path is not the root of a mount (require_mountpoint).
+    NotMounted,
+    /// Another filesystem is mounted at the path than the one first seen.
+    MountChanged,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// The probe families, registered once; each probe thread writes its target's series.
+pub struct ProbeMetrics {
+    duration: HistogramVec,
+    errors: IntCounterVec,
+    cycles: IntCounterVec,
+    skipped: IntCounterVec,
+    up: IntGaugeVec,
+    read_only: IntGaugeVec,
+    info: IntGaugeVec,
+    last_success: GaugeVec,
+}
+
+fn register<M: Collector + Clone + 'static>(r: &Registry, m: prometheus::Result<M>) -> M {
+    let m = m.expect("valid metric definition");
+    r.register(Box::new(m.clone()))
+        .expect("metric registered once");
+    m
+}
+
+impl ProbeMetrics {
+    /// Builds the families and registers them in `r`.
+    pub fn new(r: &Registry) -> ProbeMetrics {
+        let target = &["target"];
+        ProbeMetrics {
+            duration: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "stallwatch_probe_duration_seconds",
+                        "Latency of each completed probe system call, timed on its own. \
+                         Updated by the probe threads; a scrape never waits for a probe.",
+                    )
+                    .buckets(BUCKETS.to_vec()),
+                    &["target", "mode", "op"],
+                ),
+            ),
+            errors: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "stallwatch_probe_errors_total",
+                        "Failed probe operations by errno name (op=prepare: opening the probe directory or file).",
+                    ),
+                    &["target", "mode", "op", "errno"],
+                ),
+            ),
+            cycles: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "stallwatch_probes_total",
+                        "Probe cycles run per mode, successful or failed.",
+                    ),
+                    &["target", "mode"],
+                ),
+            ),
+            skipped: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "stallwatch_probes_skipped_total",
+                        "Probe cycles not started: in_flight (previous cycle still running), not_mounted, mount_changed.",
+                    ),
+                    &["target", "reason"],
+                ),
+            ),
+            up: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_target_up",
+                        "1 when the last cycle succeeded on the expected mount, else 0.",
+                    ),
+                    target,
+                ),
+            ),
+            read_only: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_target_read_only",
+                        "1 when the target's filesystem is mounted read-only (ro or emergency_ro) or answered EROFS.",
+                    ),
+                    target,
+                ),
+            ),
+            info: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_target_info",
+                        "What is probed: the target's path, its mount point, device, filesystem type and mount plus super options.",
+                    ),
+                    &["target", "path", "mountpoint", "device", "fstype", "options"],
+                ),
+            ),
+            last_success: register(
+                r,
+                GaugeVec::new(
+                    Opts::new(
+                        "stallwatch_last_success_timestamp_seconds",
+                        "Unix time at the end of the last successful probe cycle.",
+                    ),
+                    target,
+                ),
+            ),
+        }
+    }
+
+    /// Creates a target's series, so alerts and `rate()` see them from the first scrape.
+    pub(super) fn add_target(&self, t: &Target, ops: &[(Mode, Op)]) {
+        let name = t.name.as_str();
+        for &(mode, op) in ops {
+            self.duration
+                .with_label_values(&[name, mode.as_str(), op.as_str()]);
+        }
+        for &mode in &t.modes {
+            self.cycles.with_label_values(&[name, mode.as_str()]);
+        }
+        for &reason in <SkipReason as strum::VariantArray>::VARIANTS {
+            self.skipped(name, reason);
+        }
+        self.set_up(name, false);
+        self.set_read_only(name, false);
+        self.last_success.with_label_values(&[name]).set(0.0);
+    }
+
+    /// The skip counter of `target` for `reason`.
+    pub(super) fn skipped(&self, target: &str, reason: SkipReason) -> IntCounter {
+        self.skipped.with_label_values(&[target, reason.as_str()])
+    }
+
+    pub(super) fn observe(&self, target: &str, mode: Mode, op: Op, elapsed: Duration) {
+        self.duration
+            .with_label_values(&[target, mode.as_str(), op.as_str()])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub(super) fn failed(&self, target: &str, mode: Mode, op: Op, failure: Failure) {
+        self.errors
+            .with_label_values(&[target, mode.as_str(), op.as_str(), failure.label()])
+            .inc();
+    }
+
+    pub(super) fn cycle_done(&self, target: &str, mode: Mode) {
+        self.cycles
+            .with_label_values(&[target, mode.as_str()])
+            .inc();
+    }
+
+    pub(super) fn set_up(&self, target: &str, up: bool) {
+        self.up.with_label_values(&[target]).set(up as i64);
+    }
+
+    pub(super) fn set_read_only(&self, target: &str, read_only: bool) {
+        self.read_only
+            .with_label_values(&[target])
+            .set(read_only as i64);
+    }
+
+    pub(super) fn succeeded_at(&self, target: &str, at: SystemTime) {
+        let unix = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_success
+            .with_label_values(&[target])
+            .set(unix.as_secs_f64());
+    }
+
+    /// Replaces the `target_info` series of `t` on `old` by one on `new`.
+    pub(super) fn set_mount(&self, t: &Target, old: Option<&Mount>, new: Option<&Mount>) {
+        let labels = |m: &Mount| {
+            [
+                t.name.clone(),
+                t.path.display().to_string(),
+                m.mount_point.display().to_string(),
+                m.source.clone(),
+                m.fstype.clone(),
+                m.options(),
+            ]
+        };
+        if let Some(old) = old {
+            let _ = self
+                .info
+                .remove_label_values(&labels(old).each_ref().map(|s| s.as_str()));
+        }
+        if let Some(m) = new {
+            self.info
+                .with_label_values(&labels(m).each_ref().map(|s| s.as_str()))
+                .set(1);
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn cycles_of(&self, target: &str, mode: Mode) -> u64 {
+        self.cycles
+            .with_label_values(&[target, mode.as_str()])
+            .get()
+    }
+
+    #[cfg(test)]
+    pub(super) fn up_of(&self, target: &str) -> i64 {
+        self.up.with_label_values(&[target]).get()
+    }
+
+    #[cfg(test)]
+    pub(super) fn observed(&self, target: &str, mode: Mode, op: Op) -> u64 {
+        self.duration
+            .with_label_values(&[target, mode.as_str(), op.as_str()])
+            .get_sample_count()
+    }
+
+    #[cfg(test)]
+    pub(super) fn skipped_of(&self, target: &str, reason: SkipReason) -> u64 {
+        self.skipped(target, reason).get()
+    }
+}
+
+/// Registers `stallwatch_probe_inflight_seconds` for `targets`.
+pub fn register_inflight(r: &Registry, targets: Vec<Arc<TargetShared>>) {
+    r.register(Box::new(Inflight::new(targets)))
+        .expect("registered once");
+}
+
+/// `stallwatch_probe_inflight_seconds`, computed at scrape time from each target's
+/// in-flight slot, so the age grows live while the call is blocked in the kernel.
+struct Inflight {
+    targets: Vec<Arc<TargetShared>>,
+    desc: Desc,
+}
+
+impl Inflight {
+    const NAME: &'static str = "stallwatch_probe_inflight_seconds";
+    const HELP: &'static str = "Age of the probe operation in flight right now, 0 when none; \
+        computed at scrape time, so it grows while the call is blocked in the kernel.";
+
+    fn new(targets: Vec<Arc<TargetShared>>) -> Inflight {
+        let desc = Desc::new(
+            Self::NAME.into(),
+            Self::HELP.into(),
+            vec!["target".into(), "mode".into(), "op".into()],
+            Default::default(),
+        )
+        .expect("valid desc");
+        Inflight { targets, desc }
+    }
+}
+
+impl Collector for Inflight {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        use prometheus::proto::{Gauge, LabelPair, Metric, MetricType};
+        // Built directly rather than through a GaugeVec: no hashing or locking per
+        // scrape. Labels sorted by name, as the encoder expects.
+        let label = |name: &str, value: &str| {
+            let mut l = LabelPair::default();
+            l.set_name(name.to_owned());
+            l.set_value(value.to_owned());
+            l
+        };
+        let mut metrics = Vec::new();
+        for t in &self.targets {
+            let now = t.inflight.current();
+            // Set-up (op="prepare") can block too: show it, so a stuck probe is never
+            // invisible.
+            let prepare = t.target.modes.iter().map(|&m| (m, Op::Prepare));
+            for (mode, op) in t.ops.iter().copied().chain(prepare) {
+                let age = match now {
+                    Some(c) if c.mode == mode && c.op == op => c.age.as_secs_f64(),
+                    _ => 0.0,
+                };
+                let mut g = Gauge::default();
+                g.set_value(age);
+                let mut m = Metric::default();
+                m.set_label(vec![
+                    label("mode", mode.as_str()),
+                    label("op", op.as_str()),
+                    label("target", &t.target.name),
+                ]);
+                m.set_gauge(g);
+                metrics.push(m);
+            }
+        }
+        let mut family = MetricFamily::default();
+        family.set_name(Self::NAME.to_owned());
+        family.set_help(Self::HELP.to_owned());
+        family.set_field_type(MetricType::GAUGE);
+        family.set_metric(metrics);
+        vec![family]
+    }
+}

@@ -1,0 +1,321 @@
+//! The VM sampler thread: every `vm_interval` it reads vmstat, PSI, the dirty sysctls and
+//! the block devices beneath the targets, publishes them in the families it owns, and
+//! hands each sample to the stall log for the stalls' windows.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use prometheus::{Counter, Gauge, GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+use strum::VariantArray;
+use tracing::{info, warn};
+
+use crate::blockdev::{self, SyncAction};
+use crate::stalls::{DeviceReading, Snapshot, StallLog};
+use crate::sync::Shutdown;
+use crate::vm;
+
+/// The kernel-state families, written only by the sampler.
+pub struct SamplerMetrics {
+    vm_dirty: IntGauge,
+    vm_writeback: IntGauge,
+    vm_dirty_threshold: IntGauge,
+    vm_dirty_background_threshold: IntGauge,
+    vm_dirtied: IntCounter,
+    vm_written: IntCounter,
+    vm_sample_errors: IntCounter,
+    pressure_some: Counter,
+    pressure_full: Counter,
+    sysctl_dirty_ratio: Gauge,
+    sysctl_dirty_background_ratio: Gauge,
+    sysctl_dirty_bytes: Gauge,
+    sysctl_dirty_background_bytes: Gauge,
+    sysctl_dirty_expire: Gauge,
+    sysctl_dirty_writeback: Gauge,
+    md_sync_action: IntGaugeVec,
+    md_sync_completed: GaugeVec,
+    md_degraded: IntGaugeVec,
+    device_inflight: IntGaugeVec,
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(
+    r: &Registry,
+    m: prometheus::Result<M>,
+) -> M {
+    let m = m.expect("valid metric definition");
+    r.register(Box::new(m.clone()))
+        .expect("metric registered once");
+    m
+}
+
+impl SamplerMetrics {
+    /// Builds the families and registers them in `r`.
+    pub fn new(r: &Registry) -> SamplerMetrics {
+        let gauge = |name: &str, help: &str| register(r, Gauge::new(name, help));
+        let int_gauge = |name: &str, help: &str| register(r, IntGauge::new(name, help));
+        let int_counter = |name: &str, help: &str| register(r, IntCounter::new(name, help));
+        SamplerMetrics {
+            vm_dirty: int_gauge(
+                "stallwatch_vm_dirty_bytes",
+                "Dirty page cache waiting for writeback (nr_dirty x page size).",
+            ),
+            vm_writeback: int_gauge(
+                "stallwatch_vm_writeback_bytes",
+                "Page cache under writeback right now (nr_writeback x page size).",
+            ),
+            vm_dirty_threshold: int_gauge(
+                "stallwatch_vm_dirty_threshold_bytes",
+                "Dirty level at which writers are throttled in balance_dirty_pages (nr_dirty_threshold x page size).",
+            ),
+            vm_dirty_background_threshold: int_gauge(
+                "stallwatch_vm_dirty_background_threshold_bytes",
+                "Dirty level at which background writeback starts (nr_dirty_background_threshold x page size).",
+            ),
+            vm_dirtied: int_counter(
+                "stallwatch_vm_dirtied_bytes_total",
+                "Bytes of pages dirtied since boot (nr_dirtied x page size).",
+            ),
+            vm_written: int_counter(
+                "stallwatch_vm_written_bytes_total",
+                "Bytes of pages written back since boot (nr_written x page size).",
+            ),
+            vm_sample_errors: int_counter(
+                "stallwatch_vm_sample_errors_total",
+                "Failed reads of /proc/vmstat by the VM sampler.",
+            ),
+            pressure_some: register(
+                r,
+                Counter::new(
+                    "stallwatch_pressure_io_some_seconds_total",
+                    "Time some task was stalled on I/O (/proc/pressure/io some total).",
+                ),
+            ),
+            pressure_full: register(
+                r,
+                Counter::new(
+                    "stallwatch_pressure_io_full_seconds_total",
+                    "Time all non-idle tasks were stalled on I/O (/proc/pressure/io full total).",
+                ),
+            ),
+            sysctl_dirty_ratio: gauge(
+                "stallwatch_vm_dirty_ratio",
+                "vm.dirty_ratio as a fraction 0-1 (0 when vm.dirty_bytes is set instead).",
+            ),
+            sysctl_dirty_background_ratio: gauge(
+                "stallwatch_vm_dirty_background_ratio",
+                "vm.dirty_background_ratio as a fraction 0-1 (0 when vm.dirty_background_bytes is set instead).",
+            ),
+            sysctl_dirty_bytes: gauge(
+                "stallwatch_vm_dirty_bytes_setting",
+                "vm.dirty_bytes (0 when vm.dirty_ratio applies).",
+            ),
+            sysctl_dirty_background_bytes: gauge(
+                "stallwatch_vm_dirty_background_bytes_setting",
+                "vm.dirty_background_bytes (0 when vm.dirty_background_ratio applies).",
+            ),
+            sysctl_dirty_expire: gauge(
+                "stallwatch_vm_dirty_expire_seconds",
+                "vm.dirty_expire_centisecs in seconds: age at which dirty data is written back.",
+            ),
+            sysctl_dirty_writeback: gauge(
+                "stallwatch_vm_dirty_writeback_seconds",
+                "vm.dirty_writeback_centisecs in seconds: the flusher threads' wake-up interval.",
+            ),
+            md_sync_action: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_md_sync_action",
+                        "1 for the current sync action of an md array beneath a target (idle, resync, recover, check, repair, reshape, frozen).",
+                    ),
+                    &["device", "action"],
+                ),
+            ),
+            md_sync_completed: register(
+                r,
+                GaugeVec::new(
+                    Opts::new(
+                        "stallwatch_md_sync_completed_ratio",
+                        "Progress of the running md sync action, 0-1; 1 when idle.",
+                    ),
+                    &["device"],
+                ),
+            ),
+            md_degraded: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_md_degraded_disks",
+                        "Number of missing member disks of an md array beneath a target.",
+                    ),
+                    &["device"],
+                ),
+            ),
+            device_inflight: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_device_inflight_requests",
+                        "Requests in flight on a block device beneath a target (/sys/block/DEV/inflight).",
+                    ),
+                    &["device", "direction"],
+                ),
+            ),
+        }
+    }
+
+    fn publish_vm(&self, s: &vm::VmSample, prev: Option<&vm::VmSample>) {
+        let c = &s.counters;
+        self.vm_dirty.set(c.dirty_bytes as i64);
+        self.vm_writeback.set(c.writeback_bytes as i64);
+        self.vm_dirty_threshold.set(c.dirty_threshold_bytes as i64);
+        self.vm_dirty_background_threshold
+            .set(c.dirty_background_threshold_bytes as i64);
+        // Kernel totals mirrored as counters: add what grew since the last sample.
+        let (d0, w0) = prev
+            .map(|p| (p.counters.dirtied_bytes, p.counters.written_bytes))
+            .unwrap_or((0, 0));
+        self.vm_dirtied.inc_by(c.dirtied_bytes.saturating_sub(d0));
+        self.vm_written.inc_by(c.written_bytes.saturating_sub(w0));
+        if let Some(p) = s.pressure {
+            let (s0, f0) = prev
+                .and_then(|p| p.pressure)
+                .map(|p| (p.some_seconds, p.full_seconds))
+                .unwrap_or((0.0, 0.0));
+            self.pressure_some.inc_by((p.some_seconds - s0).max(0.0));
+            self.pressure_full.inc_by((p.full_seconds - f0).max(0.0));
+        }
+        if let Some(y) = s.sysctls {
+            self.sysctl_dirty_ratio.set(y.dirty_ratio);
+            self.sysctl_dirty_background_ratio
+                .set(y.dirty_background_ratio);
+            self.sysctl_dirty_bytes.set(y.dirty_bytes as f64);
+            self.sysctl_dirty_background_bytes
+                .set(y.dirty_background_bytes as f64);
+            self.sysctl_dirty_expire.set(y.dirty_expire_seconds);
+            self.sysctl_dirty_writeback.set(y.dirty_writeback_seconds);
+        }
+    }
+
+    /// Reads in-flight requests and md state of the devices beneath the targets.
+    fn read_devices(&self, stalls: &StallLog, sys_root: &Path) -> DeviceReading {
+        let (disks, arrays) = stalls.watched_devices();
+        let mut r = DeviceReading::default();
+        for d in &disks {
+            if let Ok((reads, writes)) = blockdev::inflight(sys_root, d) {
+                self.device_inflight
+                    .with_label_values(&[d, "read"])
+                    .set(reads as i64);
+                self.device_inflight
+                    .with_label_values(&[d, "write"])
+                    .set(writes as i64);
+                r.inflight.insert(d.clone(), reads + writes);
+            }
+        }
+        for a in &arrays {
+            let Ok(st) = blockdev::md_state(sys_root, a) else {
+                continue;
+            };
+            if let Some(action) = st.sync_action {
+                for &x in SyncAction::VARIANTS {
+                    self.md_sync_action
+                        .with_label_values(&[a, x.as_str()])
+                        .set((x == action) as i64);
+                }
+                r.md_action.insert(a.clone(), action);
+            }
+            self.md_sync_completed
+                .with_label_values(&[a])
+                .set(st.sync_fraction.unwrap_or(1.0));
+            if let Some(d) = st.degraded {
+                self.md_degraded.with_label_values(&[a]).set(d as i64);
+            }
+        }
+        r
+    }
+}
+
+/// Where the sampler reads and how often.
+pub struct Sampler {
+    pub metrics: SamplerMetrics,
+    pub proc_root: std::path::PathBuf,
+    pub sys_root: std::path::PathBuf,
+    pub interval: Duration,
+}
+
+impl Sampler {
+    /// Samples until shutdown.
+    pub fn run(&self, stalls: &StallLog, shutdown: &Shutdown) {
+        let page = vm::page_size();
+        let mut prev: Option<vm::VmSample> = None;
+        let mut failing = false;
+        let mut samples: u64 = 0;
+        let mut next = Instant::now();
+        loop {
+            // The sysctls every tenth sample (and the first).
+            let with_sysctls = samples.is_multiple_of(10);
+            samples += 1;
+            match vm::sample(&self.proc_root, page, with_sysctls) {
+                Ok(s) => {
+                    if failing {
+                        info!("VM sampling recovered");
+                        failing = false;
+                    }
+                    self.metrics.publish_vm(&s, prev.as_ref());
+                    let devices = self.metrics.read_devices(stalls, &self.sys_root);
+                    stalls.observe(Snapshot { vm: s, devices });
+                    prev = Some(s);
+                }
+                Err(e) => {
+                    self.metrics.vm_sample_errors.inc();
+                    if !failing {
+                        warn!(error = %e, "VM sampling failed");
+                        failing = true;
+                    }
+                }
+            }
+            next += self.interval;
+            let now = Instant::now();
+            if next < now {
+                next = now;
+            }
+            if shutdown.sleep_until(next) {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stalls::TargetDevices;
+
+    #[test]
+    fn md_and_device_metrics_from_a_resyncing_raid5_fixture() {
+        let sys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sys/md-raid5-resync");
+        let r = Registry::new();
+        let m = SamplerMetrics::new(&r);
+        let log = StallLog::new(4, &r);
+        let d = blockdev::resolve(&sys, 9, 0).unwrap();
+        log.set_devices(
+            0,
+            TargetDevices {
+                disk: Some(d.disk.clone()),
+                arrays: d.md_arrays.clone(),
+            },
+        );
+        let reading = m.read_devices(&log, &sys);
+        assert_eq!(reading.md_action.get("md0"), Some(&SyncAction::Resync));
+        assert_eq!(
+            m.md_sync_action.with_label_values(&["md0", "resync"]).get(),
+            1
+        );
+        assert_eq!(
+            m.md_sync_action.with_label_values(&["md0", "idle"]).get(),
+            0
+        );
+        let done = m.md_sync_completed.with_label_values(&["md0"]).get();
+        assert!((done - 123456.0 / 7814037168.0).abs() < 1e-9, "{done}");
+        assert!(reading.inflight.contains_key("md0"));
+    }
+}
