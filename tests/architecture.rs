@@ -21,7 +21,13 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
                 continue;
             }
             let rel = path.strip_prefix(&src).unwrap();
-            let first = rel.components().next().unwrap().as_os_str().to_str().unwrap();
+            let first = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_str()
+                .unwrap();
             let module = first.trim_end_matches(".rs").to_owned();
             if module == "lib" || module == "main" {
                 continue;
