@@ -365,6 +365,23 @@ fn write_all_at(fd: &OwnedFd, buf: &[u8]) -> Result<(), Failure> {
 
 const FILE_FLAGS: OFlag = OFlag::O_NOFOLLOW.union(OFlag::O_CLOEXEC);
 
+/// Creates `name`, which must not exist yet, timed as op `create`.
+fn create_new(t: &mut Timer<'_>, dir: &ProbeDir, name: &str) -> Result<OwnedFd, OpError> {
+    t.run(
+        Op::Create,
+        || format!("create {name}"),
+        || {
+            openat(
+                &dir.fd,
+                name,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
+                FileMode::S_IRUSR | FileMode::S_IWUSR,
+            )
+            .map_err(errno)
+        },
+    )
+}
+
 /// Opens (creating and preallocating if needed) a data file of at least `size` bytes.
 fn open_prealloc(
     t: &mut Timer<'_>,
@@ -444,19 +461,7 @@ pub fn run_mode(
     match mode {
         Mode::Create => {
             let name = format!("{CREATE_PREFIX}{}.{}", std::process::id(), spec.seq);
-            let fd = t.run(
-                Op::Create,
-                || format!("create {name}"),
-                || {
-                    openat(
-                        &dir.fd,
-                        name.as_str(),
-                        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
-                        FileMode::S_IRUSR | FileMode::S_IWUSR,
-                    )
-                    .map_err(errno)
-                },
-            )?;
+            let fd = create_new(&mut t, dir, &name)?;
             let closed = t.run(
                 Op::Close,
                 || format!("close {name}"),
@@ -543,19 +548,7 @@ pub fn run_mode(
         Mode::Replace => {
             // A temp file left by an interrupted cycle would make O_EXCL fail forever.
             let _ = unlinkat(&dir.fd, REPLACE_TEMP, UnlinkatFlags::NoRemoveDir);
-            let fd = t.run(
-                Op::Create,
-                || format!("create {REPLACE_TEMP}"),
-                || {
-                    openat(
-                        &dir.fd,
-                        REPLACE_TEMP,
-                        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
-                        FileMode::S_IRUSR | FileMode::S_IWUSR,
-                    )
-                    .map_err(errno)
-                },
-            )?;
+            let fd = create_new(&mut t, dir, REPLACE_TEMP)?;
             let buf = vec![fill; spec.size as usize];
             t.run(
                 Op::Write,
