@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,21 +19,7 @@ use crate::stalls::{self, DeviceReading, Snapshot, StallLog};
 use crate::vm;
 use crate::web::{self, Limits, WebConfig};
 
-/// Where the agent reads the kernel's state; tests point these at fixtures.
-#[derive(Debug, Clone)]
-pub struct Roots {
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
-}
-
-impl Default for Roots {
-    fn default() -> Roots {
-        Roots {
-            proc_root: PathBuf::from("/proc"),
-            sys_root: PathBuf::from("/sys"),
-        }
-    }
-}
+pub use crate::kernfs::Roots;
 
 /// Runs the agent until a signal; returns once no probe is blocked any more.
 pub fn run(

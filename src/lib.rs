@@ -4,6 +4,7 @@ pub mod agent;
 pub mod blockdev;
 pub mod config;
 pub mod http;
+pub mod kernfs;
 pub mod metrics;
 pub mod mounts;
 pub mod probe;
