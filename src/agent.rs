@@ -2,7 +2,6 @@
 //! serves HTTP until SIGTERM/SIGINT, then shuts down without waiting on its own locks.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,21 +19,7 @@ use crate::sync::Shutdown;
 use crate::watchdog;
 use crate::web::{self, Limits, WebConfig};
 
-/// Where the agent reads the kernel's state; tests point these at fixtures.
-#[derive(Debug, Clone)]
-pub struct Roots {
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
-}
-
-impl Default for Roots {
-    fn default() -> Roots {
-        Roots {
-            proc_root: PathBuf::from("/proc"),
-            sys_root: PathBuf::from("/sys"),
-        }
-    }
-}
+use crate::kernfs::Roots;
 
 /// Runs the agent until a signal; returns once no probe is blocked any more.
 pub fn run(
@@ -58,16 +43,14 @@ pub fn run(
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
     let sampler = Sampler {
         metrics: SamplerMetrics::new(&registry),
-        proc_root: roots.proc_root.clone(),
-        sys_root: roots.sys_root.clone(),
+        roots: roots.clone(),
         interval: config.vm_interval,
     };
     let ctx = Arc::new(Context {
         metrics: probe_metrics,
         stalls: Arc::clone(&stalls),
         shutdown: Arc::clone(&shutdown),
-        proc_root: roots.proc_root.clone(),
-        sys_root: roots.sys_root.clone(),
+        roots,
     });
 
     // Bind before starting probes: a port in use is a start-up error, not a probe result.

@@ -5,12 +5,15 @@
 //! each file format has its own `parse_*` function on `&str`, kept apart from the reading.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use strum::VariantArray as _;
 use thiserror::Error;
+
+pub use crate::kernfs::ParseError;
+use crate::kernfs::{self, read_parse, read_parse_optional, ReadError};
 
 /// A block device and what it sits on, as sysfs describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +31,21 @@ pub struct BlockDevice {
     pub slaves: Vec<String>,
 }
 
-/// What an md array's sync thread is doing (`md/sync_action`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
+/// What an md array's sync thread is doing (`md/sync_action`); the strings are the
+/// kernel's spelling, also used as label values.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum SyncAction {
     Idle,
     Resync,
@@ -41,39 +57,34 @@ pub enum SyncAction {
 }
 
 impl SyncAction {
-    /// Every action, for metrics that export one series per possible value.
-    pub const ALL: [SyncAction; 7] = [
-        SyncAction::Idle,
-        SyncAction::Resync,
-        SyncAction::Recover,
-        SyncAction::Check,
-        SyncAction::Repair,
-        SyncAction::Frozen,
-        SyncAction::Reshape,
-    ];
+    /// Every action, for metrics that export one series per possible value: strum's
+    /// variant list as an array, so call sites iterate values, not references.
+    pub const ALL: [SyncAction; Self::VARIANTS.len()] = match Self::VARIANTS.first_chunk() {
+        Some(all) => *all,
+        None => unreachable!(),
+    };
 
     /// The kernel's spelling, also used as label value.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SyncAction::Idle => "idle",
-            SyncAction::Resync => "resync",
-            SyncAction::Recover => "recover",
-            SyncAction::Check => "check",
-            SyncAction::Repair => "repair",
-            SyncAction::Frozen => "frozen",
-            SyncAction::Reshape => "reshape",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for SyncAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// State of an md array (`md/array_state`), as listed in the kernel's md.rst.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// State of an md array (`md/array_state`), as listed in the kernel's md.rst; the kernel
+/// spells the two-word states with a hyphen (`read-auto`, `write-pending`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum ArrayState {
     Clear,
     Inactive,
@@ -90,29 +101,12 @@ pub enum ArrayState {
 impl ArrayState {
     /// The kernel's spelling.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ArrayState::Clear => "clear",
-            ArrayState::Inactive => "inactive",
-            ArrayState::Suspended => "suspended",
-            ArrayState::Readonly => "readonly",
-            ArrayState::ReadAuto => "read-auto",
-            ArrayState::Clean => "clean",
-            ArrayState::Active => "active",
-            ArrayState::WritePending => "write-pending",
-            ArrayState::ActiveIdle => "active-idle",
-            ArrayState::Broken => "broken",
-        }
+        self.into()
     }
 
     /// Whether a personality is running, so the level's sync files should exist.
     fn is_running(self) -> bool {
         !matches!(self, ArrayState::Clear | ArrayState::Inactive)
-    }
-}
-
-impl fmt::Display for ArrayState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -136,32 +130,6 @@ pub struct MdState {
     pub degraded: Option<u32>,
 }
 
-/// A sysfs file whose text is not in the format the kernel writes.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("invalid {what}: {reason} (read {input:?})")]
-pub struct ParseError {
-    /// Which format was expected: `inflight`, `sync_completed`…
-    pub what: &'static str,
-    pub reason: &'static str,
-    /// The offending text, cut short so a garbage file cannot flood the log.
-    pub input: String,
-}
-
-impl ParseError {
-    fn new(what: &'static str, reason: &'static str, input: &str) -> Self {
-        const MAX: usize = 64;
-        let input = match input.char_indices().nth(MAX) {
-            Some((cut, _)) => format!("{}…", &input[..cut]),
-            None => input.to_owned(),
-        };
-        ParseError {
-            what,
-            reason,
-            input,
-        }
-    }
-}
-
 /// Failure to find or read a block device in sysfs.
 #[derive(Debug, Error)]
 pub enum BlockdevError {
@@ -171,18 +139,9 @@ pub enum BlockdevError {
     /// A device name that cannot be a single sysfs entry (empty, `.`, `..`, contains `/`).
     #[error("invalid block device name {name:?}")]
     InvalidName { name: String },
-    #[error("reading {}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("parsing {}", path.display())]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: ParseError,
-    },
+    /// A sysfs file that could not be read or parsed; names the file.
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }
 
 /// Finds the block device of a filesystem's `st_dev` (or mountinfo major:minor) through
@@ -254,7 +213,7 @@ pub fn inflight(sys_root: &Path, name: &str) -> Result<(u64, u64), BlockdevError
     } else {
         sys_root.join("class/block").join(name)
     };
-    read_parse(&dir.join("inflight"), parse_inflight)
+    Ok(read_parse(&dir.join("inflight"), parse_inflight)?)
 }
 
 /// Parses `inflight`: two counts, reads then writes, space-padded (`"       0        3\n"`).
@@ -265,18 +224,16 @@ pub fn parse_inflight(text: &str) -> Result<(u64, u64), ParseError> {
         return Err(ParseError::new(WHAT, "expected two counts", text));
     };
     Ok((
-        parse_count(WHAT, reads, text)?,
-        parse_count(WHAT, writes, text)?,
+        kernfs::parse_uint(WHAT, reads, text)?,
+        kernfs::parse_uint(WHAT, writes, text)?,
     ))
 }
 
 /// Parses `md/sync_action`.
 pub fn parse_sync_action(text: &str) -> Result<SyncAction, ParseError> {
-    let word = text.trim();
-    SyncAction::ALL
-        .into_iter()
-        .find(|a| a.as_str() == word)
-        .ok_or_else(|| ParseError::new("sync_action", "unknown action", text))
+    text.trim()
+        .parse()
+        .map_err(|_| ParseError::new("sync_action", "unknown action", text))
 }
 
 /// Parses `md/sync_completed`: `none` or `delayed` (no sync running yet) → None,
@@ -292,14 +249,14 @@ pub fn parse_sync_completed(text: &str) -> Result<Option<(u64, u64)>, ParseError
         return Err(ParseError::new(WHAT, "expected DONE / TOTAL", text));
     };
     Ok(Some((
-        parse_count(WHAT, done.trim(), text)?,
-        parse_count(WHAT, total.trim(), text)?,
+        kernfs::parse_uint(WHAT, done, text)?,
+        kernfs::parse_uint(WHAT, total, text)?,
     )))
 }
 
 /// Parses `md/degraded`: the number of missing members.
 pub fn parse_degraded(text: &str) -> Result<u32, ParseError> {
-    parse_small("degraded", text.trim(), text)
+    kernfs::parse_uint("degraded", text, text)
 }
 
 /// Parses `md/level`. Empty is valid: the kernel writes nothing for an array without a level.
@@ -331,29 +288,16 @@ pub fn parse_raid_disks(text: &str) -> Result<u32, ParseError> {
             .strip_prefix('(')
             .and_then(|o| o.strip_suffix(')'))
             .ok_or_else(|| ParseError::new(WHAT, "expected N or N (OLD)", text))?;
-        parse_small(WHAT, inner, text)?;
+        kernfs::parse_uint::<u32>(WHAT, inner, text)?;
     }
-    parse_small(WHAT, new, text)
+    kernfs::parse_uint(WHAT, new, text)
 }
 
 /// Parses `md/array_state`.
 pub fn parse_array_state(text: &str) -> Result<ArrayState, ParseError> {
-    const ALL: [ArrayState; 10] = [
-        ArrayState::Clear,
-        ArrayState::Inactive,
-        ArrayState::Suspended,
-        ArrayState::Readonly,
-        ArrayState::ReadAuto,
-        ArrayState::Clean,
-        ArrayState::Active,
-        ArrayState::WritePending,
-        ArrayState::ActiveIdle,
-        ArrayState::Broken,
-    ];
-    let word = text.trim();
-    ALL.into_iter()
-        .find(|s| s.as_str() == word)
-        .ok_or_else(|| ParseError::new("array_state", "unknown state", text))
+    text.trim()
+        .parse()
+        .map_err(|_| ParseError::new("array_state", "unknown state", text))
 }
 
 /// Parses `loop/backing_file`: a path, kept byte for byte but for the final newline,
@@ -461,41 +405,13 @@ fn check_name(name: &str) -> Result<(), BlockdevError> {
     Ok(())
 }
 
-/// Decimal digits only: `str::parse` alone would take a leading `+`.
-fn parse_count(what: &'static str, field: &str, text: &str) -> Result<u64, ParseError> {
-    if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ParseError::new(
-            what,
-            "expected a non-negative integer",
-            text,
-        ));
-    }
-    field
-        .parse()
-        .map_err(|_| ParseError::new(what, "integer out of range", text))
-}
-
-fn parse_small(what: &'static str, field: &str, text: &str) -> Result<u32, ParseError> {
-    u32::try_from(parse_count(what, field, text)?)
-        .map_err(|_| ParseError::new(what, "integer out of range", text))
-}
-
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> BlockdevError + '_ {
-    move |source| BlockdevError::Io {
-        path: path.to_owned(),
-        source,
+    move |source| {
+        BlockdevError::Read(ReadError::Io {
+            path: path.to_owned(),
+            source,
+        })
     }
-}
-
-fn read_parse<T>(
-    path: &Path,
-    parse: fn(&str) -> Result<T, ParseError>,
-) -> Result<T, BlockdevError> {
-    let text = fs::read_to_string(path).map_err(io_error(path))?;
-    parse(&text).map_err(|source| BlockdevError::Parse {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// A file of the md redundancy group: missing is an error only where the level has one.
@@ -503,25 +419,11 @@ fn read_sync_file<T>(
     path: &Path,
     required: bool,
     parse: fn(&str) -> Result<T, ParseError>,
-) -> Result<Option<T>, BlockdevError> {
+) -> Result<Option<T>, ReadError> {
     if required {
         read_parse(path, parse).map(Some)
     } else {
         read_parse_optional(path, parse)
-    }
-}
-
-/// Like `read_parse`, with a missing file as None.
-fn read_parse_optional<T>(
-    path: &Path,
-    parse: fn(&str) -> Result<T, ParseError>,
-) -> Result<Option<T>, BlockdevError> {
-    match read_parse(path, parse) {
-        Ok(value) => Ok(Some(value)),
-        Err(BlockdevError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
     }
 }
 
@@ -541,7 +443,7 @@ mod tests {
 
     fn assert_not_found(err: BlockdevError, suffix: &str) {
         match err {
-            BlockdevError::Io { path, source } => {
+            BlockdevError::Read(ReadError::Io { path, source }) => {
                 assert!(path.ends_with(suffix), "{} vs {suffix}", path.display());
                 assert_eq!(source.kind(), io::ErrorKind::NotFound);
             }
@@ -882,6 +784,34 @@ mod tests {
     }
 
     #[test]
+    fn enum_strings_are_the_kernels_spelling() {
+        let actions: Vec<&str> = SyncAction::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(
+            actions,
+            ["idle", "resync", "recover", "check", "repair", "frozen", "reshape"]
+        );
+        let states: Vec<String> = ArrayState::VARIANTS.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            states,
+            [
+                "clear",
+                "inactive",
+                "suspended",
+                "readonly",
+                "read-auto",
+                "clean",
+                "active",
+                "write-pending",
+                "active-idle",
+                "broken"
+            ]
+        );
+        for s in ArrayState::VARIANTS {
+            assert_eq!(parse_array_state(&format!("{s}\n")), Ok(*s));
+        }
+    }
+
+    #[test]
     fn parse_sync_completed_cases() {
         assert_eq!(parse_sync_completed("none\n"), Ok(None));
         assert_eq!(parse_sync_completed("delayed\n"), Ok(None));
@@ -981,7 +911,7 @@ mod tests {
         fs::write(md.join("array_state"), "clean\n").unwrap();
         fs::write(md.join("sync_action"), "x".repeat(1000)).unwrap();
         let err = md_state(dir.path(), "md9").unwrap_err();
-        let BlockdevError::Parse { path, source } = &err else {
+        let BlockdevError::Read(ReadError::Parse { path, source }) = &err else {
             panic!("expected Parse, got {err:?}");
         };
         assert!(path.ends_with("md9/md/sync_action"));

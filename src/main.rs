@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing::info;
 
-use stallwatch::agent::{self, Roots};
+use stallwatch::agent;
 use stallwatch::config::{self, Config, ConfigError};
+use stallwatch::kernfs::{self, Roots};
 use stallwatch::probe_cli::{self, ProbeArgs};
 use stallwatch::web::{self, WebConfig, WebConfigError};
 
@@ -39,6 +40,12 @@ struct Cli {
     /// Log format.
     #[arg(long = "log.format", value_name = "FORMAT", default_value = "logfmt")]
     log_format: LogFormat,
+    /// procfs mount point, e.g. the host's /proc mounted elsewhere in a container.
+    #[arg(long = "path.procfs", value_name = "DIR", default_value = kernfs::DEFAULT_PROCFS)]
+    procfs: PathBuf,
+    /// sysfs mount point, e.g. the host's /sys mounted elsewhere in a container.
+    #[arg(long = "path.sysfs", value_name = "DIR", default_value = kernfs::DEFAULT_SYSFS)]
+    sysfs: PathBuf,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -96,7 +103,16 @@ fn main() -> ExitCode {
                 config_file: cli.web_config_file.as_deref(),
                 max_requests: cli.web_max_requests,
             };
-            match run_agent(cli.config.as_deref(), cli.listen_address.as_deref(), web) {
+            let roots = Roots {
+                proc_root: cli.procfs,
+                sys_root: cli.sysfs,
+            };
+            match run_agent(
+                cli.config.as_deref(),
+                cli.listen_address.as_deref(),
+                web,
+                roots,
+            ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e:#}");
@@ -128,7 +144,12 @@ struct WebArgs<'a> {
     max_requests: usize,
 }
 
-fn run_agent(config: Option<&Path>, listen: Option<&str>, web: WebArgs) -> anyhow::Result<()> {
+fn run_agent(
+    config: Option<&Path>,
+    listen: Option<&str>,
+    web: WebArgs,
+    roots: Roots,
+) -> anyhow::Result<()> {
     let default = Path::new(config::DEFAULT_CONFIG_PATH);
     let config = match config {
         Some(p) => {
@@ -171,5 +192,5 @@ fn run_agent(config: Option<&Path>, listen: Option<&str>, web: WebArgs) -> anyho
         max_requests: web.max_requests,
         ..web::Limits::default()
     };
-    agent::run(config, listen, Roots::default(), web_config, limits)
+    agent::run(config, listen, roots, web_config, limits)
 }

@@ -10,6 +10,7 @@ use strum::VariantArray;
 use tracing::{info, warn};
 
 use crate::blockdev::{self, SyncAction};
+use crate::kernfs::Roots;
 use crate::stalls::{DeviceReading, Snapshot, StallLog};
 use crate::sync::Shutdown;
 use crate::vm;
@@ -237,8 +238,7 @@ impl SamplerMetrics {
 /// Where the sampler reads and how often.
 pub struct Sampler {
     pub metrics: SamplerMetrics,
-    pub proc_root: std::path::PathBuf,
-    pub sys_root: std::path::PathBuf,
+    pub roots: Roots,
     pub interval: Duration,
 }
 
@@ -254,14 +254,14 @@ impl Sampler {
             // The sysctls every tenth sample (and the first).
             let with_sysctls = samples.is_multiple_of(10);
             samples += 1;
-            match vm::sample(&self.proc_root, page, with_sysctls) {
+            match vm::sample(&self.roots.proc_root, page, with_sysctls) {
                 Ok(s) => {
                     if failing {
                         info!("VM sampling recovered");
                         failing = false;
                     }
                     self.metrics.publish_vm(&s, prev.as_ref());
-                    let devices = self.metrics.read_devices(stalls, &self.sys_root);
+                    let devices = self.metrics.read_devices(stalls, &self.roots.sys_root);
                     stalls.observe(Snapshot { vm: s, devices });
                     prev = Some(s);
                 }

@@ -2,20 +2,10 @@
 //! `/proc/pressure/io` and the `vm.dirty_*` sysctls (pure), and one sample read from a
 //! given procfs root.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-/// A procfs file could not be read or parsed.
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    #[error("{path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-}
+use crate::kernfs::{self, ParseError, ReadError};
 
 /// The writeback counters of `/proc/vmstat`, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,7 +47,7 @@ pub struct VmSample {
 }
 
 /// Parses `/proc/vmstat` text; `page_size` converts pages to bytes.
-pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
+pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, ParseError> {
     // A scan for the six keys, not a map of all ~200: the sampler runs every second.
     const KEYS: [&str; 6] = [
         "nr_dirty",
@@ -74,21 +64,18 @@ pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
             if line.trim().is_empty() {
                 continue;
             }
-            return Err(format!("malformed line {line:?}"));
+            return Err(ParseError::new("vmstat", "expected KEY VALUE", line));
         };
         let Some(i) = KEYS.iter().position(|k| *k == key) else {
             continue;
         };
-        let pages: i64 = value
-            .parse()
-            .map_err(|_| format!("{key} is not a number ({value:?})"))?;
-        let pages = u64::try_from(pages).map_err(|_| format!("{key} is negative ({pages})"))?;
+        let pages: u64 = kernfs::parse_uint(KEYS[i], value, line)?;
         let bytes = pages
             .checked_mul(page_size)
-            .ok_or_else(|| format!("{key} is out of range ({pages} pages)"))?;
+            .ok_or_else(|| ParseError::new(KEYS[i], "out of range in bytes", line))?;
         found[i] = Some(bytes);
     }
-    let get = |i: usize| found[i].ok_or_else(|| format!("{} missing", KEYS[i]));
+    let get = |i: usize| found[i].ok_or_else(|| ParseError::new(KEYS[i], "missing", text));
     Ok(VmCounters {
         dirty_bytes: get(0)?,
         writeback_bytes: get(1)?,
@@ -103,19 +90,18 @@ pub fn parse_vmstat(text: &str, page_size: u64) -> Result<VmCounters, String> {
 ///
 /// Parsed here rather than by procfs, whose parser slices lines by byte offset and
 /// panics on a short or non-ASCII line.
-pub fn parse_pressure(text: &str) -> Result<IoPressureTotals, String> {
-    let total = |kind: &str| -> Result<u64, String> {
+pub fn parse_pressure(text: &str) -> Result<IoPressureTotals, ParseError> {
+    const WHAT: &str = "pressure/io";
+    let total = |kind: &str| -> Result<u64, ParseError> {
         let line = text
             .lines()
             .find(|l| l.split_whitespace().next() == Some(kind))
-            .ok_or_else(|| format!("expected a `some` and a `full` line, found no `{kind}`"))?;
+            .ok_or_else(|| ParseError::new(WHAT, "expected a `some` and a `full` line", text))?;
         let value = line
             .split_whitespace()
             .find_map(|f| f.strip_prefix("total="))
-            .ok_or_else(|| format!("`{kind}` line without total="))?;
-        value
-            .parse::<u64>()
-            .map_err(|_| format!("`{kind}` total is not a count: {value:?}"))
+            .ok_or_else(|| ParseError::new(WHAT, "line without total=", line))?;
+        kernfs::parse_uint(WHAT, value, line)
     };
     Ok(IoPressureTotals {
         some_seconds: total("some")? as f64 / 1e6,
@@ -123,22 +109,11 @@ pub fn parse_pressure(text: &str) -> Result<IoPressureTotals, String> {
     })
 }
 
-fn parse_num(text: &str) -> Result<u64, String> {
-    text.trim()
-        .parse::<u64>()
-        .map_err(|_| format!("not a non-negative integer: {:?}", text.trim()))
-}
-
 /// Reads the `vm.dirty_*` sysctls from `PROC/sys/vm`.
-pub fn read_sysctls(proc_root: &Path) -> Result<DirtySysctls, VmError> {
+pub fn read_sysctls(proc_root: &Path) -> Result<DirtySysctls, ReadError> {
     let dir = proc_root.join("sys/vm");
-    let get = |name: &str| -> Result<u64, VmError> {
-        let path = dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|source| VmError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        parse_num(&text).map_err(|message| VmError::Parse { path, message })
+    let get = |name: &'static str| -> Result<u64, ReadError> {
+        kernfs::read_parse(&dir.join(name), |t| kernfs::parse_uint(name, t, t))
     };
     Ok(DirtySysctls {
         dirty_ratio: get("dirty_ratio")? as f64 / 100.0,
@@ -150,26 +125,14 @@ pub fn read_sysctls(proc_root: &Path) -> Result<DirtySysctls, VmError> {
     })
 }
 
-/// Reads a procfs file whole and parses it; errors carry the path.
-fn read_parse<T>(
-    path: PathBuf,
-    parse: impl FnOnce(&str) -> Result<T, String>,
-) -> Result<T, VmError> {
-    let text = std::fs::read_to_string(&path).map_err(|source| VmError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    parse(&text).map_err(|message| VmError::Parse { path, message })
-}
-
 /// Takes one sample under `proc_root`. vmstat is required; pressure and sysctls are
 /// optional (a kernel without PSI, a container hiding /proc/sys), so their absence is
 /// not an error.
 /// `with_sysctls` false skips the six sysctl files: they change rarely, and the
 /// thresholds that follow from them are in vmstat every time.
-pub fn sample(proc_root: &Path, page_size: u64, with_sysctls: bool) -> Result<VmSample, VmError> {
-    let counters = read_parse(proc_root.join("vmstat"), |t| parse_vmstat(t, page_size))?;
-    let pressure = read_parse(proc_root.join("pressure/io"), parse_pressure).ok();
+pub fn sample(proc_root: &Path, page_size: u64, with_sysctls: bool) -> Result<VmSample, ReadError> {
+    let counters = kernfs::read_parse(&proc_root.join("vmstat"), |t| parse_vmstat(t, page_size))?;
+    let pressure = kernfs::read_parse(&proc_root.join("pressure/io"), parse_pressure).ok();
     let sysctls = if with_sysctls {
         read_sysctls(proc_root).ok()
     } else {
@@ -195,6 +158,7 @@ pub fn page_size() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn fixtures() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/proc")
@@ -271,8 +235,39 @@ mod tests {
         let s = read_sysctls(&fixtures()).unwrap();
         assert!(s.dirty_ratio > 0.0 && s.dirty_ratio <= 1.0);
         assert!(s.dirty_expire_seconds > 0.0);
+        let parse_num = |t: &str| kernfs::parse_uint::<u64>("dirty_ratio", t, t);
         assert!(parse_num("-1").is_err());
         assert!(parse_num("").is_err());
+    }
+
+    #[test]
+    fn sysctl_of_another_format_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let vm = dir.path().join("sys/vm");
+        std::fs::create_dir_all(&vm).unwrap();
+        for f in std::fs::read_dir(fixtures().join("sys/vm")).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, vm.join(f.file_name().unwrap())).unwrap();
+        }
+        read_sysctls(dir.path()).unwrap();
+        for bad in ["-1\n", "", "+20\n", "20 %\n"] {
+            std::fs::write(vm.join("dirty_ratio"), bad).unwrap();
+            let e = read_sysctls(dir.path()).unwrap_err();
+            assert!(e.path().ends_with("sys/vm/dirty_ratio"), "{e}");
+            assert!(e.to_string().contains("invalid dirty_ratio"), "{e}");
+        }
+    }
+
+    #[test]
+    fn vmstat_errors_name_the_key() {
+        let full = "nr_dirty 3\nnr_writeback 1\nnr_dirty_threshold 100\n\
+                    nr_dirty_background_threshold 50\nnr_dirtied 1000\nnr_written 900\n";
+        // The one integer rule: no sign, not even `+`.
+        let e = parse_vmstat(&full.replace("nr_dirty 3", "nr_dirty +3"), 4096).unwrap_err();
+        assert_eq!(e.what, "nr_dirty");
+        assert_eq!(e.input, "nr_dirty +3");
+        let e = parse_vmstat(&full.replace("nr_written 900\n", ""), 4096).unwrap_err();
+        assert_eq!((e.what, e.reason), ("nr_written", "missing"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use crate::blockdev;
 use crate::config::{Mode, Target};
 use crate::inflight::InflightSlot;
+use crate::kernfs::Roots;
 use crate::mounts::{self, Mount};
 use crate::op::{ops_of, Failure, Op};
 use crate::stalls::{StallLog, TargetDevices};
@@ -134,8 +135,8 @@ pub struct Context {
     pub metrics: Arc<ProbeMetrics>,
     pub stalls: Arc<StallLog>,
     pub shutdown: Arc<Shutdown>,
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
+    /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
+    pub roots: Roots,
 }
 
 /// Reports each timed call to the in-flight slot, the histogram and the stall log.
@@ -185,7 +186,7 @@ impl Worker {
     pub fn new(shared: Arc<TargetShared>, ctx: Arc<Context>) -> Worker {
         ctx.stalls.add_target(&shared.target.name, &shared.ops);
         Worker {
-            mounts: mounts::MountTable::new(&ctx.proc_root),
+            mounts: mounts::MountTable::new(&ctx.roots.proc_root),
             canon: None,
             shared,
             ctx,
@@ -305,7 +306,7 @@ impl Worker {
         if let Some(m) = mount {
             self.ctx
                 .stalls
-                .set_devices(self.shared.index, devices_of(&self.ctx.sys_root, m));
+                .set_devices(self.shared.index, devices_of(&self.ctx.roots.sys_root, m));
             if st.mount.is_none() {
                 info!(target = %t.name, path = %t.path.display(),
                     mountpoint = %m.mount_point.display(), device = %m.source,
@@ -509,8 +510,7 @@ mod tests {
             metrics,
             stalls: Arc::new(StallLog::new(4, &registry)),
             shutdown: Arc::new(Shutdown::default()),
-            proc_root: PathBuf::from("/proc"),
-            sys_root: PathBuf::from("/sys"),
+            roots: Roots::default(),
         });
         (Worker::new(shared, Arc::clone(&ctx)), ctx)
     }

@@ -1,0 +1,214 @@
+//! Reading kernel files under a chosen root: where /proc and /sys are (`--path.procfs`,
+//! `--path.sysfs`), one parse error, one integer rule and one read error naming the path.
+//!
+//! The parsers of `vm.rs` and `blockdev.rs` are pure functions on `&str` returning
+//! [`ParseError`]; [`read_parse`] joins them to the file, so every failure names the file.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use thiserror::Error;
+
+/// Where procfs is mounted unless `--path.procfs` says otherwise.
+pub const DEFAULT_PROCFS: &str = "/proc";
+/// Where sysfs is mounted unless `--path.sysfs` says otherwise.
+pub const DEFAULT_SYSFS: &str = "/sys";
+
+/// Where the agent reads the kernel's state: the host's /proc and /sys, or (in a
+/// container with the host's trees mounted elsewhere, or in tests) other directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roots {
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Roots {
+        Roots {
+            proc_root: PathBuf::from(DEFAULT_PROCFS),
+            sys_root: PathBuf::from(DEFAULT_SYSFS),
+        }
+    }
+}
+
+/// Kernel text that is not in the format the kernel writes.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid {what}: {reason} (read {input:?})")]
+pub struct ParseError {
+    /// What was being parsed: a file (`inflight`, `sync_completed`) or a key (`nr_dirty`).
+    pub what: &'static str,
+    pub reason: &'static str,
+    /// The offending text, cut short so a garbage file cannot flood the log.
+    pub input: String,
+}
+
+impl ParseError {
+    /// Longest input kept, in characters; longer input ends in `…`.
+    pub const MAX_INPUT: usize = 64;
+
+    pub fn new(what: &'static str, reason: &'static str, input: &str) -> Self {
+        let input = match input.char_indices().nth(Self::MAX_INPUT) {
+            Some((cut, _)) => format!("{}…", &input[..cut]),
+            None => input.to_owned(),
+        };
+        ParseError {
+            what,
+            reason,
+            input,
+        }
+    }
+}
+
+/// A kernel file that could not be read, or whose text did not parse.
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: {source}")]
+    Parse { path: PathBuf, source: ParseError },
+}
+
+impl ReadError {
+    /// The file that failed.
+    pub fn path(&self) -> &Path {
+        match self {
+            ReadError::Io { path, .. } | ReadError::Parse { path, .. } => path,
+        }
+    }
+
+    /// True when the file does not exist (an optional attribute, a vanished device).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ReadError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// The one integer rule for kernel text: unsigned decimal digits with surrounding
+/// whitespace trimmed; no sign (`str::parse` alone would take `+5`), no overflow.
+/// `input` is the whole text, quoted in the error.
+pub fn parse_uint<T: FromStr>(
+    what: &'static str,
+    field: &str,
+    input: &str,
+) -> Result<T, ParseError> {
+    let field = field.trim();
+    if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ParseError::new(
+            what,
+            "expected a non-negative integer",
+            input,
+        ));
+    }
+    field
+        .parse()
+        .map_err(|_| ParseError::new(what, "integer out of range", input))
+}
+
+/// Reads a kernel file whole and parses it; errors carry the path.
+pub fn read_parse<T>(
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T, ParseError>,
+) -> Result<T, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text).map_err(|source| ReadError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Like [`read_parse`], with a missing file as None: attributes that only some kernels,
+/// levels or devices have.
+pub fn read_parse_optional<T>(
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T, ParseError>,
+) -> Result<Option<T>, ReadError> {
+    match read_parse(path, parse) {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_rule() {
+        let p = |s: &str| parse_uint::<u64>("n", s, s);
+        assert_eq!(p("0"), Ok(0));
+        assert_eq!(p(" 42\n"), Ok(42));
+        assert_eq!(p("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "",
+            " \n",
+            "+5",
+            "-1",
+            "1.5",
+            "0x10",
+            "1 2",
+            "١",
+            "18446744073709551616",
+        ] {
+            assert!(p(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = parse_uint::<u32>("degraded", "4294967296", "4294967296\n").unwrap_err();
+        assert_eq!(e.reason, "integer out of range");
+        assert_eq!(e.input, "4294967296\n");
+    }
+
+    #[test]
+    fn parse_error_cuts_long_input_on_a_char_boundary() {
+        let e = ParseError::new("x", "bad", &"é".repeat(1000));
+        assert_eq!(e.input.chars().count(), ParseError::MAX_INPUT + 1);
+        assert!(e.input.ends_with('…'));
+        assert_eq!(ParseError::new("x", "bad", "short").input, "short");
+        assert_eq!(
+            ParseError::new("inflight", "expected two counts", "7\n").to_string(),
+            r#"invalid inflight: expected two counts (read "7\n")"#
+        );
+    }
+
+    #[test]
+    fn read_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let e = read_parse(&missing, |t| parse_uint::<u64>("nope", t, t)).unwrap_err();
+        assert!(e.is_not_found());
+        assert_eq!(e.path(), missing);
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: ", missing.display())));
+        assert_eq!(
+            read_parse_optional(&missing, |t| parse_uint::<u64>("nope", t, t)).unwrap(),
+            None
+        );
+
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "+5\n").unwrap();
+        let e = read_parse_optional(&bad, |t| parse_uint::<u64>("bad", t, t)).unwrap_err();
+        assert!(!e.is_not_found());
+        assert_eq!(
+            e.to_string(),
+            format!(
+                r#"{}: invalid bad: expected a non-negative integer (read "+5\n")"#,
+                bad.display()
+            )
+        );
+        std::fs::write(&bad, "17\n").unwrap();
+        assert_eq!(
+            read_parse(&bad, |t| parse_uint::<u64>("bad", t, t)).unwrap(),
+            17
+        );
+    }
+
+    #[test]
+    fn default_roots_are_the_host_mounts() {
+        let r = Roots::default();
+        assert_eq!(r.proc_root, Path::new("/proc"));
+        assert_eq!(r.sys_root, Path::new("/sys"));
+    }
+}
