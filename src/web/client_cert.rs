@@ -10,6 +10,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use strum::VariantArray as _;
 
 use super::tls::Pem;
 
@@ -27,6 +28,24 @@ pub(super) fn roots(ca: &Pem) -> Result<Arc<RootCertStore>, String> {
         );
     }
     Ok(Arc::new(roots))
+}
+
+/// `client_auth_type`: Go's `tls.ClientAuthType` names; empty means `NoClientCert`.
+#[derive(Debug, Clone, Copy, strum::EnumString, strum::IntoStaticStr, strum::VariantArray)]
+enum ClientAuthType {
+    NoClientCert,
+    RequestClientCert,
+    /// Go's `RequireAnyClientCert`; `RequireClientCert` is accepted for it as well.
+    #[strum(to_string = "RequireAnyClientCert", serialize = "RequireClientCert")]
+    RequireAnyClientCert,
+    VerifyClientCertIfGiven,
+    RequireAndVerifyClientCert,
+}
+
+impl ClientAuthType {
+    fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// The verifier for `client_auth_type` (Go's `tls.ClientAuthType` names), wrapped in the
@@ -58,24 +77,30 @@ pub(super) fn verifier(
             provider: Arc::clone(provider),
         })
     };
-    let (verifier, mandatory) = match auth_type {
-        "" | "NoClientCert" => {
+    let parsed = match auth_type {
+        "" => ClientAuthType::NoClientCert,
+        name => name.parse().map_err(|_| {
+            let names: Vec<&str> = ClientAuthType::VARIANTS
+                .iter()
+                .map(|t| t.as_str())
+                .collect();
+            format!(
+                "tls_server_config.client_auth_type: invalid {name:?}; one of {}",
+                names.join(", ")
+            )
+        })?,
+    };
+    let (verifier, mandatory) = match parsed {
+        ClientAuthType::NoClientCert => {
             if roots.is_some() {
                 return Err("tls_server_config: client CA's have been configured without a client_auth_type".into());
             }
             (WebPkiClientVerifier::no_client_auth(), false)
         }
-        "RequestClientCert" => (any(false), false),
-        "RequireAnyClientCert" | "RequireClientCert" => (any(true), true),
-        "VerifyClientCertIfGiven" => (verified(true)?, false),
-        "RequireAndVerifyClientCert" => (verified(false)?, true),
-        other => {
-            return Err(format!(
-                "tls_server_config.client_auth_type: invalid {other:?}; one of NoClientCert, \
-                 RequestClientCert, RequireAnyClientCert, VerifyClientCertIfGiven, \
-                 RequireAndVerifyClientCert"
-            ))
-        }
+        ClientAuthType::RequestClientCert => (any(false), false),
+        ClientAuthType::RequireAnyClientCert => (any(true), true),
+        ClientAuthType::VerifyClientCertIfGiven => (verified(true)?, false),
+        ClientAuthType::RequireAndVerifyClientCert => (verified(false)?, true),
     };
     let Some(sans) = allowed_sans else {
         return Ok(verifier);
@@ -239,5 +264,34 @@ impl ClientCertVerifier for SanCheck {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_auth_types_go_by_their_go_names() {
+        let p = Arc::new(rustls::crypto::ring::default_provider());
+        for (name, mandatory) in [
+            ("", false),
+            ("NoClientCert", false),
+            ("RequestClientCert", false),
+            ("RequireAnyClientCert", true),
+            ("RequireClientCert", true),
+        ] {
+            let v = verifier(name, None, None, &p).unwrap();
+            assert_eq!(v.client_auth_mandatory(), mandatory, "{name:?}");
+        }
+        assert_eq!(
+            verifier("requireanyclientcert", None, None, &p).unwrap_err(),
+            "tls_server_config.client_auth_type: invalid \"requireanyclientcert\"; one of \
+             NoClientCert, RequestClientCert, RequireAnyClientCert, VerifyClientCertIfGiven, \
+             RequireAndVerifyClientCert"
+        );
+        assert!(verifier("VerifyClientCertIfGiven", None, None, &p)
+            .unwrap_err()
+            .contains("VerifyClientCertIfGiven needs client_ca_file"));
     }
 }
