@@ -1,0 +1,20 @@
+//! The HTTP server: `--web.config.file` (the Prometheus exporter-toolkit format: TLS,
+//! basic auth, extra headers, rate limit) and our own accept loop, which bounds what a
+//! client can hold: header size and read time, idle keep-alive, requests in flight,
+//! open connections. A scrape from a well-behaved client must get through while
+//! hundreds of idle or half-sent connections are open.
+//!
+//! `config` reads the file, `tls` and `client_cert` turn its TLS section into rustls
+//! terms, `auth` checks passwords, `limits` holds what one client may hold, and
+//! `server` runs the accept loop and each connection.
+
+mod auth;
+mod client_cert;
+mod config;
+mod limits;
+mod server;
+mod tls;
+
+pub use config::{WebConfig, WebConfigError};
+pub use limits::{Limits, DEFAULT_MAX_REQUESTS};
+pub use server::serve;
