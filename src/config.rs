@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use strum::VariantArray;
 
 /// Where the agent looks for its configuration when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/stallwatch/config.yaml";
@@ -43,9 +44,28 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// Which probe a cycle runs. Names are contract (metric label `mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+/// Which probe a cycle runs. Names are contract (metric label `mode`). strum derives the
+/// names, the parser and the variant list from the variants; serde's `rename_all` spells
+/// the same names, and `enum_names_agree_with_serde` pins the two together.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_mode
+)]
 pub enum Mode {
     Create,
     Overwrite,
@@ -55,39 +75,34 @@ pub enum Mode {
 
 impl Mode {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Create => "create",
-            Mode::Overwrite => "overwrite",
-            Mode::Direct => "direct",
-            Mode::Replace => "replace",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "create" => Ok(Mode::Create),
-            "overwrite" => Ok(Mode::Overwrite),
-            "direct" => Ok(Mode::Direct),
-            "replace" => Ok(Mode::Replace),
-            _ => Err(format!(
-                "unknown mode {s:?}: expected create, overwrite, direct or replace"
-            )),
-        }
-    }
+fn unknown_mode(s: &str) -> String {
+    let names: Vec<&str> = Mode::VARIANTS.iter().map(|m| m.as_str()).collect();
+    format!("unknown mode {s:?}: expected {}", or_list(&names))
 }
 
 /// The flush call of the overwrite and replace probes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_sync
+)]
 pub enum SyncKind {
     Fsync,
     Fdatasync,
@@ -95,21 +110,21 @@ pub enum SyncKind {
 
 impl SyncKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            SyncKind::Fsync => "fsync",
-            SyncKind::Fdatasync => "fdatasync",
-        }
+        self.into()
     }
 }
 
-impl std::str::FromStr for SyncKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fsync" => Ok(SyncKind::Fsync),
-            "fdatasync" => Ok(SyncKind::Fdatasync),
-            _ => Err(format!("unknown sync {s:?}: expected fsync or fdatasync")),
-        }
+fn unknown_sync(s: &str) -> String {
+    let names: Vec<&str> = SyncKind::VARIANTS.iter().map(|k| k.as_str()).collect();
+    format!("unknown sync {s:?}: expected {}", or_list(&names))
+}
+
+/// `a`, `a or b`, `a, b or c`: how the command line lists the accepted words.
+fn or_list(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
 }
 
@@ -804,6 +819,28 @@ targets:
                 assert!(err.contains(w), "{yaml:?} gave {err:?}, missing {w:?}");
             }
         }
+    }
+
+    /// serde reads the enums by `rename_all`, the rest of the agent by strum's names.
+    #[test]
+    fn enum_names_agree_with_serde() {
+        for m in Mode::VARIANTS {
+            assert_eq!(serde_yaml::from_str::<Mode>(m.as_str()).unwrap(), *m);
+            assert_eq!(m.as_str().parse::<Mode>(), Ok(*m));
+            assert_eq!(m.to_string(), m.as_str());
+        }
+        for k in SyncKind::VARIANTS {
+            assert_eq!(serde_yaml::from_str::<SyncKind>(k.as_str()).unwrap(), *k);
+            assert_eq!(k.as_str().parse::<SyncKind>(), Ok(*k));
+        }
+        assert_eq!(
+            "bogus".parse::<Mode>().unwrap_err(),
+            "unknown mode \"bogus\": expected create, overwrite, direct or replace"
+        );
+        assert_eq!(
+            "fsink".parse::<SyncKind>().unwrap_err(),
+            "unknown sync \"fsink\": expected fsync or fdatasync"
+        );
     }
 
     #[test]
