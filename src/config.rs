@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
+use strum::VariantArray;
 
 /// Where the agent looks for its configuration when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/stallwatch/config.yaml";
@@ -43,9 +44,28 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// Which probe a cycle runs. Names are contract (metric label `mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, strum::VariantArray)]
+/// Which probe a cycle runs. Names are contract (metric label `mode`). strum derives the
+/// names, the parser and the variant list from the variants; serde's `rename_all` spells
+/// the same names, and `enum_names_agree_with_serde` pins the two together.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_mode
+)]
 pub enum Mode {
     Create,
     Overwrite,
@@ -55,39 +75,34 @@ pub enum Mode {
 
 impl Mode {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Create => "create",
-            Mode::Overwrite => "overwrite",
-            Mode::Direct => "direct",
-            Mode::Replace => "replace",
-        }
+        self.into()
     }
 }
 
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "create" => Ok(Mode::Create),
-            "overwrite" => Ok(Mode::Overwrite),
-            "direct" => Ok(Mode::Direct),
-            "replace" => Ok(Mode::Replace),
-            _ => Err(format!(
-                "unknown mode {s:?}: expected create, overwrite, direct or replace"
-            )),
-        }
-    }
+fn unknown_mode(s: &str) -> String {
+    let names: Vec<&str> = Mode::VARIANTS.iter().map(|m| m.as_str()).collect();
+    format!("unknown mode {s:?}: expected {}", or_list(&names))
 }
 
 /// The flush call of the overwrite and replace probes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_sync
+)]
 pub enum SyncKind {
     Fsync,
     Fdatasync,
@@ -95,21 +110,38 @@ pub enum SyncKind {
 
 impl SyncKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            SyncKind::Fsync => "fsync",
-            SyncKind::Fdatasync => "fdatasync",
-        }
+        self.into()
     }
 }
 
-impl std::str::FromStr for SyncKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fsync" => Ok(SyncKind::Fsync),
-            "fdatasync" => Ok(SyncKind::Fdatasync),
-            _ => Err(format!("unknown sync {s:?}: expected fsync or fdatasync")),
-        }
+fn unknown_sync(s: &str) -> String {
+    let names: Vec<&str> = SyncKind::VARIANTS.iter().map(|k| k.as_str()).collect();
+    format!("unknown sync {s:?}: expected {}", or_list(&names))
+}
+
+/// `a`, `a or b`, `a, b or c`: how the command line lists the accepted words.
+fn or_list(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// Reads one scalar as text and parses it with `parse`. The check runs inside the visitor,
+/// so the parser reports a bad value at its own line and column, not at its mapping.
+struct TextVisitor<F> {
+    expecting: &'static str,
+    parse: F,
+}
+
+impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for TextVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<T, E> {
+        (self.parse)(s).map_err(E::custom)
     }
 }
 
@@ -119,8 +151,10 @@ pub struct Dur(pub Duration);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s).map(Dur).map_err(de::Error::custom)
+        d.deserialize_str(TextVisitor {
+            expecting: "a duration such as 250ms, 10s or 2m",
+            parse: |s: &str| parse_duration(s).map(Dur),
+        })
     }
 }
 
@@ -140,22 +174,32 @@ pub struct Size(pub u64);
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(i64),
-            Str(String),
-        }
-        let n = match Raw::deserialize(d)? {
-            Raw::Int(n) if n > 0 => n as u64,
-            Raw::Int(n) => {
-                return Err(de::Error::custom(format!(
-                    "invalid size \"{n}\": must be greater than zero"
-                )))
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size such as 4096, 4KiB or 1MiB")
             }
-            Raw::Str(s) => parse_size(&s).map_err(de::Error::custom)?,
-        };
-        Ok(Size(n))
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Size, E> {
+                match n {
+                    0 => self.visit_i64(0),
+                    n => Ok(Size(n)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Size, E> {
+                match u64::try_from(n) {
+                    Ok(n) if n > 0 => Ok(Size(n)),
+                    _ => Err(E::custom(format!(
+                        "invalid size \"{n}\": must be greater than zero"
+                    ))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Size, E> {
+                parse_size(s).map(Size).map_err(E::custom)
+            }
+        }
+        // A plain number arrives as an integer, `4KiB` as text.
+        d.deserialize_any(V)
     }
 }
 
@@ -183,43 +227,75 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// An integer setting of any sign and size, so that the range check, not the parser,
+/// says what is wrong with `-5` or `10000000000000000000`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Count(i128);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Count, E> {
+                Ok(Count(n.into()))
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Count, E> {
+                Ok(Count(n.into()))
+            }
+        }
+        // `deserialize_i64` would refuse integers above i64::MAX before the visitor sees them.
+        d.deserialize_any(V)
+    }
+}
+
 /// An absolute path without `..` components.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AbsPath(PathBuf);
 
-impl<'de> Deserialize<'de> for AbsPath {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let p = PathBuf::from(&s);
+impl AbsPath {
+    fn parse(s: &str) -> Result<AbsPath, String> {
+        let p = PathBuf::from(s);
         if !p.is_absolute() {
-            return Err(de::Error::custom(format!(
+            return Err(format!(
                 "path {s:?} is relative: target paths must be absolute"
-            )));
+            ));
         }
         if p.components().any(|c| c == std::path::Component::ParentDir) {
-            return Err(de::Error::custom(format!(
-                "path {s:?} contains `..`: write the path it means"
-            )));
+            return Err(format!("path {s:?} contains `..`: write the path it means"));
         }
         Ok(AbsPath(p))
     }
 }
 
+impl<'de> Deserialize<'de> for AbsPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(TextVisitor {
+            expecting: "an absolute path",
+            parse: AbsPath::parse,
+        })
+    }
+}
+
+// `expecting` names the mappings as the reader knows them, not by their Rust types.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping of settings")]
 struct RawConfig {
     listen_address: Option<String>,
     telemetry_path: Option<String>,
     vm_interval: Option<Dur>,
     stall_threshold: Option<Dur>,
-    stall_log_size: Option<i64>,
+    stall_log_size: Option<Count>,
     #[serde(default)]
     defaults: RawDefaults,
     targets: Vec<RawTarget>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping of settings")]
 struct RawDefaults {
     interval: Option<Dur>,
     modes: Option<Vec<Mode>>,
@@ -229,7 +305,7 @@ struct RawDefaults {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a mapping of target settings")]
 struct RawTarget {
     path: AbsPath,
     name: Option<String>,
@@ -300,7 +376,7 @@ impl Config {
             path: path.to_owned(),
             message,
         };
-        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| invalid(locate(&e, text)))?;
+        let raw: RawConfig = yaml_serde::from_str(text).map_err(|e| invalid(parse_error(&e)))?;
         resolve(raw, text).map_err(invalid)
     }
 
@@ -327,70 +403,15 @@ fn line_of(text: &str, key: &str, value: &str, nth: usize) -> Option<usize> {
         .map(|(i, _)| i + 1)
 }
 
-/// serde_yaml's message, with a line added where it has none: an unknown key at the
-/// top level is reported without a location.
-fn locate(e: &serde_yaml::Error, text: &str) -> String {
-    // Say what the reader wrote, not the names of our Rust types.
-    let msg = e
-        .to_string()
-        .replace("struct RawConfig", "a mapping of settings")
-        .replace("struct RawDefaults", "a mapping of settings")
-        .replace("struct RawTarget", "a mapping of target settings")
-        .replace("expected i64", "expected an integer");
-    let Some(loc) = e.location() else {
-        // An unknown key at the top level comes without a location: find its line.
-        let key = msg
-            .split_once("unknown field `")
-            .and_then(|(_, rest)| rest.split_once('`'))
-            .map(|(k, _)| k);
-        let line = key.and_then(|k| {
-            text.lines().position(|l| {
-                l.trim_start()
-                    .strip_prefix(k)
-                    .is_some_and(|r| r.trim_start().starts_with(':'))
-            })
-        });
-        return match line {
-            Some(l) => format!("{msg} at line {}", l + 1),
-            None => msg,
-        };
-    };
-    // A bad value is reported at the start of its mapping (`targets[0]: ... at line 2`):
-    // find the line that holds the offending value below it, and name its key.
-    let value = msg
-        .split_once("unknown variant `")
-        .and_then(|(_, r)| r.split_once('`'))
-        .or_else(|| msg.split_once('"').and_then(|(_, r)| r.split_once('"')))
-        .map(|(v, _)| v.to_owned());
-    let found = value.and_then(|v| {
-        text.lines()
-            .enumerate()
-            .skip(loc.line().saturating_sub(1))
-            .find_map(|(i, l)| {
-                let l = l.trim_start().trim_start_matches("- ").trim_start();
-                let (k, rest) = l.split_once(':')?;
-                let hit = rest
-                    .split([',', '[', ']', '"', '\''])
-                    .any(|tok| tok.trim() == v);
-                hit.then(|| (i + 1, k.trim().to_owned()))
-            })
-    });
-    let Some((line, key)) = found else {
-        return if msg.contains(" at line ") {
-            msg
-        } else {
-            format!("{msg} at line {} column {}", loc.line(), loc.column())
-        };
-    };
-    let body = msg.split(" at line ").next().unwrap_or(&msg);
-    let body = match body.split_once(": ") {
-        Some((path, rest)) if !path.contains(' ') && !path.ends_with(&key) => {
-            format!("{path}.{key}: {rest}")
-        }
-        Some((path, _)) if !path.contains(' ') => body.to_owned(),
-        _ => format!("{key}: {body}"),
-    };
-    format!("{body} at line {line}")
+/// The parser's message for a document it could not read or that does not fit the schema.
+/// yaml_serde already writes `key.path: what is wrong at line L column C`; the one thing to
+/// add is a position at the very start of the file, which it leaves out, and which is where
+/// a wrong top-level key on line 1 or a document of the wrong type is reported.
+fn parse_error(e: &yaml_serde::Error) -> String {
+    match e.location() {
+        Some(l) if l.line() == 1 && l.column() == 1 => format!("{e} at line 1 column 1"),
+        _ => e.to_string(),
+    }
 }
 
 fn at_line(line: Option<usize>) -> String {
@@ -462,8 +483,8 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
     }
     let stall_log_size = match raw.stall_log_size {
         None => defaults::STALL_LOG_SIZE,
-        Some(n) if (1..=100_000).contains(&n) => n as usize,
-        Some(n) => {
+        Some(Count(n)) if (1..=100_000).contains(&n) => n as usize,
+        Some(Count(n)) => {
             return Err(format!(
                 "stall_log_size: {n} is out of range 1..=100000{}",
                 at_line(line_of(text, "stall_log_size", &n.to_string(), 0))
@@ -803,6 +824,62 @@ targets:
             for w in *words {
                 assert!(err.contains(w), "{yaml:?} gave {err:?}, missing {w:?}");
             }
+        }
+    }
+
+    /// serde reads the enums by `rename_all`, the rest of the agent by strum's names.
+    #[test]
+    fn enum_names_agree_with_serde() {
+        for m in Mode::VARIANTS {
+            assert_eq!(yaml_serde::from_str::<Mode>(m.as_str()).unwrap(), *m);
+            assert_eq!(m.as_str().parse::<Mode>(), Ok(*m));
+            assert_eq!(m.to_string(), m.as_str());
+        }
+        for k in SyncKind::VARIANTS {
+            assert_eq!(yaml_serde::from_str::<SyncKind>(k.as_str()).unwrap(), *k);
+            assert_eq!(k.as_str().parse::<SyncKind>(), Ok(*k));
+        }
+        assert_eq!(
+            "bogus".parse::<Mode>().unwrap_err(),
+            "unknown mode \"bogus\": expected create, overwrite, direct or replace"
+        );
+        assert_eq!(
+            "fsink".parse::<SyncKind>().unwrap_err(),
+            "unknown sync \"fsink\": expected fsync or fdatasync"
+        );
+    }
+
+    /// A bad value is reported at its own line and column, under its full key path.
+    #[test]
+    fn parse_errors_point_at_the_value() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "targets:\n  - path: /a\n    interval: 0s\n",
+                "test.yaml: targets[0].interval: invalid duration \"0s\": must be greater than zero at line 3 column 15",
+            ),
+            (
+                "targets:\n  - path: /a\n    modes: [create, fsync]\n",
+                "test.yaml: targets[0].modes[1]: unknown variant `fsync`, expected one of `create`, `overwrite`, `direct`, `replace` at line 3 column 21",
+            ),
+            (
+                "targets:\n  - path: /a\n    size: 4.5\n",
+                "test.yaml: targets[0].size: invalid type: floating point `4.5`, expected a size such as 4096, 4KiB or 1MiB at line 3 column 11",
+            ),
+            (
+                "targets:\n  - path: /a\ncolour: red\n",
+                "test.yaml: unknown field `colour`, expected one of `listen_address`, `telemetry_path`, `vm_interval`, `stall_threshold`, `stall_log_size`, `defaults`, `targets` at line 3 column 1",
+            ),
+            (
+                "colour: red\n",
+                "test.yaml: unknown field `colour`, expected one of `listen_address`, `telemetry_path`, `vm_interval`, `stall_threshold`, `stall_log_size`, `defaults`, `targets` at line 1 column 1",
+            ),
+            (
+                "stall_log_size: 18446744073709551615\ntargets:\n  - path: /a\n",
+                "test.yaml: stall_log_size: 18446744073709551615 is out of range 1..=100000 at line 1",
+            ),
+        ];
+        for (yaml, want) in cases {
+            assert_eq!(parse(yaml).unwrap_err(), *want, "{yaml:?}");
         }
     }
 

@@ -330,8 +330,8 @@ const REQUIRED_ALERTS: &[&str] = &[
 
 /// (alert name, expr) of every alerting rule.
 fn alert_rules() -> Vec<(String, String)> {
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&read("deploy/stallwatch.rules.yml")).unwrap();
+    let doc: yaml_serde::Value =
+        yaml_serde::from_str(&read("deploy/stallwatch.rules.yml")).unwrap();
     let mut out = Vec::new();
     for group in doc["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
@@ -348,10 +348,10 @@ fn alert_rules() -> Vec<(String, String)> {
 
 #[test]
 fn rules_have_summary_description_and_tests() {
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&read("deploy/stallwatch.rules.yml")).unwrap();
-    let tests: serde_yaml::Value =
-        serde_yaml::from_str(&read("deploy/stallwatch.rules.test.yml")).unwrap();
+    let doc: yaml_serde::Value =
+        yaml_serde::from_str(&read("deploy/stallwatch.rules.yml")).unwrap();
+    let tests: yaml_serde::Value =
+        yaml_serde::from_str(&read("deploy/stallwatch.rules.test.yml")).unwrap();
     // alert name -> (tested firing, tested not firing)
     let mut tested: HashMap<String, (bool, bool)> = HashMap::new();
     for t in tests["tests"].as_sequence().expect("tests") {

@@ -117,7 +117,7 @@ impl WebConfig {
 
     /// Parses `text`; relative file names are taken relative to `dir`.
     pub fn parse(text: &str, dir: &Path) -> Result<WebConfig, String> {
-        let file: FileConfig = serde_yaml::from_str::<Option<FileConfig>>(text)
+        let file: FileConfig = yaml_serde::from_str::<Option<FileConfig>>(text)
             .map_err(|e| e.to_string())?
             .unwrap_or_default();
         let headers = check_headers(
