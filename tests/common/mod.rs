@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use procfs::process::{MountInfo, Process};
 use tempfile::TempDir;
 
 // ---------------------------------------------------------------------------------------
@@ -136,69 +137,19 @@ pub fn run(prog: &str, args: &[&str]) -> String {
 // Mount table
 // ---------------------------------------------------------------------------------------
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone)]
-pub struct MountEntry {
-    /// "MAJ:MIN" of the superblock (anonymous for btrfs).
-    pub maj_min: String,
-    pub mount_point: PathBuf,
-    /// Per-mount options (`rw,relatime`, ...).
-    pub mount_options: String,
-    pub fstype: String,
-    /// Mount source, e.g. `/dev/loop3`.
-    pub source: String,
-    /// Superblock options (`rw`, `ro`, `emergency_ro`, ...).
-    pub super_options: String,
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    // Octal escapes: \040 space, \011 tab, \012 newline, \134 backslash.
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// All entries of `/proc/self/mountinfo`, in order (later entries stack on earlier ones).
-pub fn mountinfo() -> Vec<MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    let mut v = Vec::new();
-    for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let pre: Vec<&str> = pre.split(' ').collect();
-        let post: Vec<&str> = post.split(' ').collect();
-        if pre.len() < 6 || post.len() < 3 {
-            continue;
-        }
-        v.push(MountEntry {
-            maj_min: pre[2].to_string(),
-            mount_point: PathBuf::from(unescape_mountinfo(pre[4])),
-            mount_options: pre[5].to_string(),
-            fstype: post[0].to_string(),
-            source: unescape_mountinfo(post[1]),
-            super_options: post[2].to_string(),
-        });
-    }
-    v
+/// Read by `procfs`, not by stallwatch's own parser: the tests check the agent's mount
+/// logic against the kernel. procfs keeps the octal escapes (`\040` for a space) in mount
+/// points; no test mounts on such a path.
+pub fn mountinfo() -> Vec<MountInfo> {
+    Process::myself()
+        .and_then(|me| me.mountinfo())
+        .expect("read /proc/self/mountinfo")
+        .0
 }
 
 /// The topmost mount whose mount point is exactly `path`, if any.
-pub fn mounted_at(path: &Path) -> Option<MountEntry> {
+pub fn mounted_at(path: &Path) -> Option<MountInfo> {
     mountinfo().into_iter().rfind(|m| m.mount_point == path)
 }
 
@@ -378,7 +329,7 @@ impl LoopFs {
         assert!(self.mounted, "LoopFs::{what}: filesystem is not mounted");
         let m = mounted_at(&self.mnt);
         match m {
-            Some(ref m) if m.source == self.dev => {}
+            Some(ref m) if m.mount_source.as_deref() == Some(self.dev.as_str()) => {}
             other => panic!(
                 "LoopFs::{what}: refusing, {} is not the mount of {} (mountinfo: {:?})",
                 self.mnt.display(),
@@ -623,7 +574,7 @@ fn write_blkio(line: &str) -> Result<(), String> {
 /// Unmount `mnt` if `source` is mounted there: a few tries with short sleeps, then
 /// `umount -l`. Returns true when it is no longer mounted there.
 fn umount_retry(mnt: &Path, source: &str) -> bool {
-    let ours = || mounted_at(mnt).is_some_and(|m| m.source == source);
+    let ours = || mounted_at(mnt).is_some_and(|m| m.mount_source.as_deref() == Some(source));
     let mut last = String::new();
     for i in 0..6 {
         if !ours() {
