@@ -1,7 +1,8 @@
 //! Shared integration-test harness.
 //!
 //! Used by the test binaries through `mod common;`. Each binary uses a subset of it,
-//! hence the module-wide `dead_code` allowance.
+//! hence the module-wide `dead_code` allowance. What a crate does is left to the crate:
+//! HTTP to `ureq`, the mount table to `procfs`.
 //!
 //! * [`require_root`]: gate for tests that need root; never lets them pass silently.
 //! * [`LoopFs`]: a scratch filesystem on a loop device inside a temporary directory,
@@ -20,9 +21,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -609,12 +608,11 @@ pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_stallwatch");
 /// How long [`Agent::start`] waits for `listening on ADDR`.
 pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A raw HTTP response (see [`Agent::get_raw`]): headers as sent, body not decoded
-/// (apart from chunked transfer encoding).
+/// An HTTP response as the agent sent it: header names lower-case, the body undecoded
+/// (ureq is built without its gzip feature, so a gzip body stays gzip).
 #[derive(Debug, Clone)]
 pub struct RawResponse {
     pub status: u16,
-    /// Header names lower-cased.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub elapsed: Duration,
@@ -629,6 +627,63 @@ impl RawResponse {
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// The body as text (lossy UTF-8).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// ureq settings for talking to the agent: a status is an answer, not an error; no
+/// proxy; no `Accept-Encoding` unless a test sends one; IPv4 only, so `localhost` is the
+/// 127.0.0.1 the agent listens on.
+pub fn client_config() -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(2)))
+        .timeout_global(Some(Duration::from_secs(10)))
+        .proxy(None)
+        .ip_family(ureq::config::IpFamily::Ipv4Only)
+        .accept_encoding(ureq::config::AutoHeaderValue::None)
+}
+
+/// A client that opens a new connection for every request (nothing pooled), like a
+/// scraper's first request: what is measured includes the agent accepting it.
+pub fn fresh_client() -> ureq::Agent {
+    client_config().max_idle_connections(0).build().into()
+}
+
+/// One request with `client`; Err (naming method and URL) on a transport failure:
+/// refused, reset, TLS handshake, timeout.
+pub fn request(
+    client: &ureq::Agent,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<RawResponse, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("{method} {url}: {e}");
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(()).map_err(|e| fail(&e))?;
+    let start = Instant::now();
+    let mut resp = client.run(req).map_err(|e| fail(&e))?;
+    let body = resp.body_mut().read_to_vec().map_err(|e| fail(&e))?;
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            (k.as_str().to_ascii_lowercase(), v)
+        })
+        .collect();
+    Ok(RawResponse {
+        status: resp.status().as_u16(),
+        headers,
+        body,
+        elapsed: start.elapsed(),
+    })
 }
 
 /// The running `stallwatch` binary. Killed (SIGKILL) and reaped on drop.
@@ -688,21 +743,13 @@ impl Agent {
         spawn_log_reader(stderr, "[agent] ", logs.clone());
         spawn_log_reader(stdout, "[agent:stdout] ", logs.clone());
 
-        let http_config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .timeout_global(Some(Duration::from_secs(10)))
-            .proxy(None)
-            .accept_encoding(ureq::config::AutoHeaderValue::None)
-            .build();
-
         let mut agent = Agent {
             child: Some(child),
             exited: None,
             pid,
             addr: String::new(),
             logs,
-            http: http_config.into(),
+            http: client_config().build().into(),
             config_path,
             _dir: dir,
         };
@@ -746,31 +793,16 @@ impl Agent {
         &self.config_path
     }
 
-    /// GET with optional request headers; non-2xx statuses are responses, not errors.
-    /// Err on transport failure (refused, timeout). Response body as text (lossy UTF-8;
-    /// gzip bodies are decoded when the server sends them).
+    /// GET with optional request headers on a pooled connection; non-2xx statuses are
+    /// responses, not errors. Err on transport failure (refused, timeout). Body as text
+    /// (lossy UTF-8).
     pub fn try_get_with(
         &self,
         path: &str,
         headers: &[(&str, &str)],
     ) -> Result<(u16, String, Duration), String> {
-        let url = self.url(path);
-        let start = Instant::now();
-        let mut req = self.http.get(&url);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .read_to_vec()
-            .map_err(|e| format!("GET {url}: reading body: {e}"))?;
-        Ok((
-            status,
-            String::from_utf8_lossy(&body).into_owned(),
-            start.elapsed(),
-        ))
+        let r = request(&self.http, "GET", &self.url(path), headers)?;
+        Ok((r.status, r.text(), r.elapsed))
     }
 
     /// GET; Err on transport failure.
@@ -785,58 +817,10 @@ impl Agent {
         })
     }
 
-    /// A hand-rolled HTTP/1.1 GET over a plain TCP stream: headers exactly as the agent
-    /// sent them, body undecoded (e.g. still gzip), chunked transfer decoded. For
-    /// checking `Content-Encoding` and friends.
+    /// GET on a new connection: headers exactly as the agent sent them, body undecoded
+    /// (e.g. still gzip). For checking `Content-Encoding` and friends.
     pub fn get_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<RawResponse, String> {
-        let start = Instant::now();
-        let mut s = TcpStream::connect(&self.addr).map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        s.set_write_timeout(Some(Duration::from_secs(10))).ok();
-        let mut req = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.addr
-        );
-        for (k, v) in headers {
-            let _ = write!(req, "{k}: {v}\r\n");
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes())
-            .map_err(|e| format!("write: {e}"))?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
-        let elapsed = start.elapsed();
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or("no end of headers")?;
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let mut body = raw[split + 4..].to_vec();
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-        let mut hs = Vec::new();
-        for l in lines {
-            if let Some((k, v)) = l.split_once(':') {
-                hs.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let chunked = hs
-            .iter()
-            .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-        if chunked {
-            body = dechunk(&body)?;
-        }
-        Ok(RawResponse {
-            status,
-            headers: hs,
-            body,
-            elapsed,
-        })
+        request(&fresh_client(), "GET", &self.url(path), headers)
     }
 
     /// GET /metrics, expect 200, parse.
@@ -1022,29 +1006,6 @@ pub fn parse_listening(line: &str) -> Option<String> {
         return None;
     }
     Some(tok.to_string())
-}
-
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("chunked: no size line")?;
-        let size_line = String::from_utf8_lossy(&b[..eol]);
-        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|e| format!("chunked: bad size {size_hex:?}: {e}"))?;
-        b = &b[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if b.len() < size + 2 {
-            return Err("chunked: truncated chunk".into());
-        }
-        out.extend_from_slice(&b[..size]);
-        b = &b[size + 2..];
-    }
 }
 
 // ---------------------------------------------------------------------------------------
