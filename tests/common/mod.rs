@@ -2,7 +2,7 @@
 //!
 //! Used by the test binaries through `mod common;`. Each binary uses a subset of it,
 //! hence the module-wide `dead_code` allowance. What a crate does is left to the crate:
-//! HTTP to `ureq`, the mount table to `procfs`.
+//! HTTP to `ureq`, the mount table to `procfs`, the text exposition to `nom-openmetrics`.
 //!
 //! * [`require_root`]: gate for tests that need root; never lets them pass silently.
 //! * [`LoopFs`]: a scratch filesystem on a loop device inside a temporary directory,
@@ -11,7 +11,7 @@
 //!   exit path, panics included.
 //! * [`Agent`]: the real `stallwatch` binary, started on a temporary config with
 //!   `--web.listen-address 127.0.0.1:0`, its log captured, plus an HTTP client.
-//! * [`Metrics`]: a parsed Prometheus text exposition.
+//! * [`Metrics`]: a parsed Prometheus text exposition with lookups by name and labels.
 //! * [`wait_until`]: bounded polling.
 //!
 //! Ordering advice: declare the `Agent` *after* the `LoopFs` it probes, so the agent is
@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nom_openmetrics::MetricDescriptor;
 use procfs::process::{MountInfo, Process};
 use tempfile::TempDir;
 
@@ -1012,16 +1013,16 @@ pub fn parse_listening(line: &str) -> Option<String> {
 // Metrics
 // ---------------------------------------------------------------------------------------
 
-/// One sample line.
+/// One sample line, labels unescaped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub value: f64,
-    pub timestamp_ms: Option<i64>,
 }
 
-/// A parsed Prometheus text exposition (format 0.0.4).
+/// A Prometheus text exposition (format 0.0.4), parsed by `nom-openmetrics`, with the
+/// lookups the tests use.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     /// The text as received.
@@ -1038,28 +1039,54 @@ impl Metrics {
             text: text.to_string(),
             ..Default::default()
         };
-        for (no, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            let err = |e: String| format!("line {}: {e}: {raw:?}", no + 1);
-            if line.is_empty() {
-                continue;
-            }
-            if let Some(c) = line.strip_prefix('#') {
-                let c = c.trim_start();
-                if let Some(rest) = c.strip_prefix("HELP ") {
-                    let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-                    m.helps
-                        .insert(name.to_string(), unescape_help(help.trim_start()));
-                } else if let Some(rest) = c.strip_prefix("TYPE ") {
-                    let mut it = rest.split_whitespace();
-                    let (Some(name), Some(t)) = (it.next(), it.next()) else {
-                        return Err(err("TYPE line without a type".into()));
-                    };
-                    m.types.insert(name.to_string(), t.to_string());
+        // Family by family (the crate's streaming entry point), so that an error can say
+        // where parsing stopped.
+        let mut rest = text;
+        while !rest.is_empty() {
+            let line = text[..text.len() - rest.len()].matches('\n').count() + 1;
+            let Ok((next, family)) = nom_openmetrics::parser::family(rest) else {
+                let bad = rest.lines().next().unwrap_or_default();
+                return Err(format!(
+                    "line {line}: not a HELP, TYPE or sample line: {bad:?}"
+                ));
+            };
+            rest = next;
+            for d in &family.descriptors {
+                match d {
+                    MetricDescriptor::Help { metric, help } => {
+                        m.helps.insert(metric.to_string(), help.clone());
+                    }
+                    MetricDescriptor::Type { metric, r#type } => {
+                        let t = match r#type {
+                            nom_openmetrics::MetricType::Unknown(t) => t.to_string(),
+                            known => known.to_string().to_ascii_lowercase(),
+                        };
+                        m.types.insert(metric.to_string(), t);
+                    }
+                    MetricDescriptor::Unit { .. } => {}
                 }
-                continue;
             }
-            m.samples.push(parse_sample(line).map_err(err)?);
+            // One descriptor or sample per line, so the sample's line is counted on.
+            let first_sample = line + family.descriptors.len();
+            for (i, s) in family.samples.iter().enumerate() {
+                let mut labels = BTreeMap::new();
+                for l in s.labels() {
+                    // The crate takes a repeated label name; the format forbids it.
+                    if labels.insert(l.name.to_string(), l.value.clone()).is_some() {
+                        return Err(format!(
+                            "line {}: duplicate label {} in {}",
+                            first_sample + i,
+                            l.name,
+                            s.name()
+                        ));
+                    }
+                }
+                m.samples.push(Sample {
+                    name: s.name().to_string(),
+                    labels,
+                    value: s.number(),
+                });
+            }
         }
         Ok(m)
     }
@@ -1147,157 +1174,6 @@ impl Metrics {
         v.dedup();
         v
     }
-}
-
-fn unescape_help(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\\' {
-            match it.next() {
-                Some('n') => out.push('\n'),
-                Some('\\') => out.push('\\'),
-                Some(o) => {
-                    out.push('\\');
-                    out.push(o);
-                }
-                None => out.push('\\'),
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn is_name_start(c: char) -> bool {
-    c.is_ascii_alphabetic() || c == '_' || c == ':'
-}
-
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == ':'
-}
-
-fn parse_value(s: &str) -> Result<f64, String> {
-    match s {
-        "+Inf" | "Inf" | "+inf" | "inf" => Ok(f64::INFINITY),
-        "-Inf" | "-inf" => Ok(f64::NEG_INFINITY),
-        "NaN" | "nan" => Ok(f64::NAN),
-        _ => s
-            .parse::<f64>()
-            .map_err(|e| format!("bad value {s:?}: {e}")),
-    }
-}
-
-fn parse_sample(line: &str) -> Result<Sample, String> {
-    let chars: Vec<char> = line.chars().collect();
-    let mut i = 0;
-    let n = chars.len();
-    if i >= n || !is_name_start(chars[i]) {
-        return Err("bad metric name".into());
-    }
-    while i < n && is_name_char(chars[i]) {
-        i += 1;
-    }
-    let name: String = chars[..i].iter().collect();
-    let skip_ws = |i: &mut usize| {
-        while *i < n && (chars[*i] == ' ' || chars[*i] == '\t') {
-            *i += 1;
-        }
-    };
-    skip_ws(&mut i);
-    let mut labels = BTreeMap::new();
-    if i < n && chars[i] == '{' {
-        i += 1;
-        loop {
-            skip_ws(&mut i);
-            if i >= n {
-                return Err("unterminated label set".into());
-            }
-            if chars[i] == '}' {
-                i += 1;
-                break;
-            }
-            let start = i;
-            if !is_name_start(chars[i]) || chars[i] == ':' {
-                return Err(format!("bad label name at column {}", i + 1));
-            }
-            while i < n && is_name_char(chars[i]) && chars[i] != ':' {
-                i += 1;
-            }
-            let lname: String = chars[start..i].iter().collect();
-            skip_ws(&mut i);
-            if i >= n || chars[i] != '=' {
-                return Err(format!("expected '=' after label {lname}"));
-            }
-            i += 1;
-            skip_ws(&mut i);
-            if i >= n || chars[i] != '"' {
-                return Err(format!("expected '\"' for label {lname}"));
-            }
-            i += 1;
-            let mut val = String::new();
-            loop {
-                if i >= n {
-                    return Err(format!("unterminated value of label {lname}"));
-                }
-                let c = chars[i];
-                i += 1;
-                match c {
-                    '"' => break,
-                    '\\' => {
-                        if i >= n {
-                            return Err(format!("dangling backslash in label {lname}"));
-                        }
-                        let e = chars[i];
-                        i += 1;
-                        match e {
-                            'n' => val.push('\n'),
-                            '\\' => val.push('\\'),
-                            '"' => val.push('"'),
-                            o => {
-                                val.push('\\');
-                                val.push(o);
-                            }
-                        }
-                    }
-                    o => val.push(o),
-                }
-            }
-            if labels.insert(lname.clone(), val).is_some() {
-                return Err(format!("duplicate label {lname}"));
-            }
-            skip_ws(&mut i);
-            if i < n && chars[i] == ',' {
-                i += 1;
-                continue;
-            }
-            if i < n && chars[i] == '}' {
-                i += 1;
-                break;
-            }
-            return Err(format!("expected ',' or '}}' after label {lname}"));
-        }
-    }
-    let rest: String = chars[i..].iter().collect();
-    let mut it = rest.split_whitespace();
-    let value = parse_value(it.next().ok_or("missing value")?)?;
-    let timestamp_ms = match it.next() {
-        Some(t) => Some(
-            t.parse::<i64>()
-                .map_err(|e| format!("bad timestamp {t:?}: {e}"))?,
-        ),
-        None => None,
-    };
-    if it.next().is_some() {
-        return Err("trailing garbage".into());
-    }
-    Ok(Sample {
-        name,
-        labels,
-        value,
-        timestamp_ms,
-    })
 }
 
 // ---------------------------------------------------------------------------------------
