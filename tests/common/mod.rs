@@ -22,7 +22,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -40,19 +39,9 @@ use tempfile::TempDir;
 /// Environment variable that turns "needs root" from a failure into an explicit skip.
 pub const SKIP_ROOT_ENV: &str = "STALLWATCH_SKIP_ROOT_TESTS";
 
-/// The effective uid of this process (the owner of `/proc/self`; `id -u` as fallback).
+/// The effective uid of this process.
 pub fn euid() -> u32 {
-    if let Ok(meta) = std::fs::metadata("/proc/self") {
-        return meta.uid();
-    }
-    let out = Command::new("id")
-        .arg("-u")
-        .output()
-        .expect("cannot read euid: /proc/self unavailable and `id -u` failed");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("`id -u` printed no number")
+    nix::unistd::geteuid().as_raw()
 }
 
 /// Returns true when the test may go on as root. Without root it panics, unless
@@ -86,12 +75,10 @@ pub fn require_root(test: &str) -> bool {
 pub const CMD_TIMEOUT_SECS: u64 = 60;
 
 fn describe(prog: &str, args: &[&str]) -> String {
-    let mut s = prog.to_string();
-    for a in args {
-        s.push(' ');
-        s.push_str(a);
-    }
-    s
+    std::iter::once(prog)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs `timeout -k 5 SECS prog args...`; returns stdout on success, or an error that
@@ -872,13 +859,10 @@ impl Agent {
 
     /// `Threads:` of /proc/PID/status.
     pub fn thread_count(&self) -> usize {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+        let status = Process::new(self.pid as i32)
+            .and_then(|p| p.status())
             .unwrap_or_else(|e| panic!("read /proc/{}/status: {e}", self.pid));
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("no Threads: line")
+        status.threads as usize
     }
 
     fn try_wait(&mut self) -> Option<ExitStatus> {
