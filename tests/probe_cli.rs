@@ -344,7 +344,8 @@ fn s(p: &Path) -> &str {
 /// probe holds a file open for writing (a few milliseconds per cycle).
 fn remount_ro_while_probing(fs: &mut LoopFs) {
     let mnt = s(fs.path()).to_string();
-    let ours = common::mounted_at(fs.path()).is_some_and(|m| m.source == fs.dev());
+    let ours =
+        common::mounted_at(fs.path()).is_some_and(|m| m.mount_source.as_deref() == Some(fs.dev()));
     assert!(ours, "{mnt} is not our loop filesystem");
     let mut last = String::new();
     for _ in 0..50 {
@@ -403,7 +404,7 @@ impl MemFs {
 
 impl Drop for MemFs {
     fn drop(&mut self) {
-        if common::mounted_at(&self.mnt).is_some_and(|m| m.fstype == self.fstype) {
+        if common::mounted_at(&self.mnt).is_some_and(|m| m.fs_type == self.fstype) {
             if let Err(e) = common::run_cmd("umount", &[s(&self.mnt)]) {
                 eprintln!("MemFs drop: {e}; lazy unmount");
                 let _ = common::run_cmd("umount", &["-l", s(&self.mnt)]);

@@ -13,13 +13,13 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::Agent;
+use common::{Agent, RawResponse};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tempfile::TempDir;
+use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -72,12 +72,10 @@ impl Setup {
     }
 }
 
-/// A certificate and its key, in PEM and DER.
+/// A certificate and its key, in PEM.
 struct Identity {
     cert_pem: String,
     key_pem: String,
-    cert: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
 }
 
 /// A CA with a server certificate for localhost/127.0.0.1 and a client certificate.
@@ -132,8 +130,6 @@ fn identity(cert: &rcgen::Certificate, key: &KeyPair) -> Identity {
     Identity {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
-        cert: cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
     }
 }
 
@@ -141,56 +137,7 @@ fn identity(cert: &rcgen::Certificate, key: &KeyPair) -> Identity {
 // Clients
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    /// Names lower-cased.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    elapsed: Duration,
-}
-
-impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-fn parse_response(raw: &[u8], elapsed: Duration) -> Result<Resp, String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP response: {:?}", String::from_utf8_lossy(raw)))?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    if !status_line.starts_with("HTTP/1.") {
-        return Err(format!("not an HTTP status line: {status_line:?}"));
-    }
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    Ok(Resp {
-        status,
-        headers,
-        body: raw[split + 4..].to_vec(),
-        elapsed,
-    })
-}
-
+/// Raw bytes of a request, for the requests no well-behaved client sends.
 fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     let mut r = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -222,51 +169,70 @@ fn connect(addr: &str) -> TcpStream {
     s
 }
 
-/// One plain HTTP/1.1 request on a fresh connection.
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Resp, String> {
-    let start = Instant::now();
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&request_bytes(method, path, headers))
-        .map_err(|e| format!("write: {e}"))?;
+/// Status and body bytes, exactly as they came, answering raw request bytes sent on a
+/// new connection.
+fn raw(addr: &str, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let mut s = connect(addr);
+    s.write_all(request).map_err(|e| format!("write: {e}"))?;
     let raw = read_all(&mut s)?;
-    parse_response(&raw, start.elapsed())
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no HTTP response: {text:?}"))?;
+    let body = match raw.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(end) => raw[end + 4..].to_vec(),
+        None => return Err(format!("no end of headers: {text:?}")),
+    };
+    Ok((status, body))
 }
 
-fn tls_client(root: &Identity, client: Option<&Identity>) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(root.cert.clone()).unwrap();
-    let b = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    Arc::new(match client {
-        Some(id) => b
-            .with_client_auth_cert(vec![id.cert.clone()], id.key.clone_key())
-            .unwrap(),
-        None => b.with_no_client_auth(),
-    })
-}
-
-/// One HTTPS request on a fresh connection; Err when the handshake is refused.
-fn https(
+/// One plain HTTP/1.1 request on a new connection.
+fn http(
     addr: &str,
-    cfg: &Arc<rustls::ClientConfig>,
+    method: &str,
     path: &str,
     headers: &[(&str, &str)],
-) -> Result<Resp, String> {
-    let start = Instant::now();
-    let tcp = connect(addr);
-    let conn =
-        rustls::ClientConnection::new(Arc::clone(cfg), ServerName::try_from("localhost").unwrap())
-            .map_err(|e| e.to_string())?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    tls.write_all(&request_bytes("GET", path, headers))
-        .map_err(|e| format!("write: {e}"))?;
-    let raw = read_all(&mut tls)?;
-    parse_response(&raw, start.elapsed())
+) -> Result<RawResponse, String> {
+    let url = format!("http://{addr}{path}");
+    common::request(&common::fresh_client(), method, &url, headers)
+}
+
+/// A TLS client trusting `root`, presenting `client` if given. Every request opens a
+/// new connection; sessions are resumable only within the same client.
+fn tls_client(root: &Identity, client: Option<&Identity>) -> ureq::Agent {
+    let pem = |text: &str| Certificate::from_pem(text.as_bytes()).unwrap();
+    let client_cert = client.map(|id| {
+        let key = PrivateKey::from_pem(id.key_pem.as_bytes()).unwrap();
+        ClientCert::new_with_certs(&[pem(&id.cert_pem)], key)
+    });
+    let tls = TlsConfig::builder()
+        .root_certs(RootCerts::new_with_certs(&[pem(&root.cert_pem)]))
+        .client_cert(client_cert)
+        .build();
+    common::client_config()
+        .max_idle_connections(0)
+        .tls_config(tls)
+        .build()
+        .into()
+}
+
+/// One HTTPS request to `localhost` (the name the server certificate is checked
+/// against); Err when the handshake is refused.
+fn https(
+    addr: &str,
+    client: &ureq::Agent,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<RawResponse, String> {
+    let port = addr.rsplit(':').next().unwrap();
+    common::request(
+        client,
+        "GET",
+        &format!("https://localhost:{port}{path}"),
+        headers,
+    )
 }
 
 fn basic(user: &str, pass: &str) -> String {
@@ -620,9 +586,10 @@ fn only_get_and_head_unknown_paths_404_gzip_when_asked() {
     }
     let r = http(&addr, "POST", "/healthz", &[("Content-Length", "0")]).unwrap();
     assert_eq!(r.status, 405);
-    let r = http(&addr, "HEAD", "/metrics", &[]).unwrap();
-    assert_eq!(r.status, 200);
-    assert!(r.body.is_empty(), "HEAD has no body");
+    // Raw: a client library would not read a body after HEAD even if one came.
+    let (status, body) = raw(&addr, &request_bytes("HEAD", "/metrics", &[])).unwrap();
+    assert_eq!(status, 200);
+    assert!(body.is_empty(), "HEAD has no body");
     for p in ["/nope", "/metrics/x", "/api", "/healthz/"] {
         assert_eq!(http(&addr, "GET", p, &[]).unwrap().status, 404, "{p}");
     }
@@ -644,8 +611,8 @@ fn a_header_too_large_gets_431() {
     let s = Setup::new();
     let agent = s.start(None, &[]);
     let big = "a".repeat(20 * 1024);
-    let r = http(agent.addr(), "GET", "/metrics", &[("X-Big", &big)]).unwrap();
-    assert_eq!(r.status, 431);
+    let req = request_bytes("GET", "/metrics", &[("X-Big", &big)]);
+    assert_eq!(raw(agent.addr(), &req).unwrap().0, 431);
     // Well within the limit is fine.
     let ok = "a".repeat(4 * 1024);
     let r = http(agent.addr(), "GET", "/metrics", &[("X-Ok", &ok)]).unwrap();
@@ -665,25 +632,20 @@ fn requests_beyond_max_requests_get_503_at_once() {
     let addr = agent.addr().to_string();
     let n = 8;
     let gate = Arc::new(Barrier::new(n));
-    let results: Vec<Resp> = std::thread::scope(|sc| {
+    let results: Vec<RawResponse> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..n)
             .map(|i| {
                 let (gate, addr) = (Arc::clone(&gate), addr.clone());
                 sc.spawn(move || {
                     let wrong = basic("alice", &format!("guess{i}"));
-                    let mut s = connect(&addr);
-                    let req = request_bytes("GET", "/metrics", &[("Authorization", &wrong)]);
                     gate.wait();
-                    let start = Instant::now();
-                    s.write_all(&req).unwrap();
-                    let raw = read_all(&mut s).unwrap();
-                    parse_response(&raw, start.elapsed()).unwrap()
+                    http(&addr, "GET", "/metrics", &[("Authorization", &wrong)]).unwrap()
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let busy: Vec<&Resp> = results.iter().filter(|r| r.status == 503).collect();
+    let busy: Vec<&RawResponse> = results.iter().filter(|r| r.status == 503).collect();
     let denied = results.iter().filter(|r| r.status == 401).count();
     assert_eq!(busy.len() + denied, n, "{results:?}");
     assert!(

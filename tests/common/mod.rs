@@ -1,7 +1,8 @@
 //! Shared integration-test harness.
 //!
 //! Used by the test binaries through `mod common;`. Each binary uses a subset of it,
-//! hence the module-wide `dead_code` allowance.
+//! hence the module-wide `dead_code` allowance. What a crate does is left to the crate:
+//! HTTP to `ureq`, the mount table to `procfs`, the text exposition to `nom-openmetrics`.
 //!
 //! * [`require_root`]: gate for tests that need root; never lets them pass silently.
 //! * [`LoopFs`]: a scratch filesystem on a loop device inside a temporary directory,
@@ -10,7 +11,7 @@
 //!   exit path, panics included.
 //! * [`Agent`]: the real `stallwatch` binary, started on a temporary config with
 //!   `--web.listen-address 127.0.0.1:0`, its log captured, plus an HTTP client.
-//! * [`Metrics`]: a parsed Prometheus text exposition.
+//! * [`Metrics`]: a parsed Prometheus text exposition with lookups by name and labels.
 //! * [`wait_until`]: bounded polling.
 //!
 //! Ordering advice: declare the `Agent` *after* the `LoopFs` it probes, so the agent is
@@ -20,16 +21,15 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::os::unix::fs::MetadataExt;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nom_openmetrics::MetricDescriptor;
+use procfs::process::{MountInfo, Process};
 use tempfile::TempDir;
 
 // ---------------------------------------------------------------------------------------
@@ -39,19 +39,9 @@ use tempfile::TempDir;
 /// Environment variable that turns "needs root" from a failure into an explicit skip.
 pub const SKIP_ROOT_ENV: &str = "STALLWATCH_SKIP_ROOT_TESTS";
 
-/// The effective uid of this process (the owner of `/proc/self`; `id -u` as fallback).
+/// The effective uid of this process.
 pub fn euid() -> u32 {
-    if let Ok(meta) = std::fs::metadata("/proc/self") {
-        return meta.uid();
-    }
-    let out = Command::new("id")
-        .arg("-u")
-        .output()
-        .expect("cannot read euid: /proc/self unavailable and `id -u` failed");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("`id -u` printed no number")
+    nix::unistd::geteuid().as_raw()
 }
 
 /// Returns true when the test may go on as root. Without root it panics, unless
@@ -85,12 +75,10 @@ pub fn require_root(test: &str) -> bool {
 pub const CMD_TIMEOUT_SECS: u64 = 60;
 
 fn describe(prog: &str, args: &[&str]) -> String {
-    let mut s = prog.to_string();
-    for a in args {
-        s.push(' ');
-        s.push_str(a);
-    }
-    s
+    std::iter::once(prog)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs `timeout -k 5 SECS prog args...`; returns stdout on success, or an error that
@@ -136,69 +124,19 @@ pub fn run(prog: &str, args: &[&str]) -> String {
 // Mount table
 // ---------------------------------------------------------------------------------------
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone)]
-pub struct MountEntry {
-    /// "MAJ:MIN" of the superblock (anonymous for btrfs).
-    pub maj_min: String,
-    pub mount_point: PathBuf,
-    /// Per-mount options (`rw,relatime`, ...).
-    pub mount_options: String,
-    pub fstype: String,
-    /// Mount source, e.g. `/dev/loop3`.
-    pub source: String,
-    /// Superblock options (`rw`, `ro`, `emergency_ro`, ...).
-    pub super_options: String,
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    // Octal escapes: \040 space, \011 tab, \012 newline, \134 backslash.
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// All entries of `/proc/self/mountinfo`, in order (later entries stack on earlier ones).
-pub fn mountinfo() -> Vec<MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    let mut v = Vec::new();
-    for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let pre: Vec<&str> = pre.split(' ').collect();
-        let post: Vec<&str> = post.split(' ').collect();
-        if pre.len() < 6 || post.len() < 3 {
-            continue;
-        }
-        v.push(MountEntry {
-            maj_min: pre[2].to_string(),
-            mount_point: PathBuf::from(unescape_mountinfo(pre[4])),
-            mount_options: pre[5].to_string(),
-            fstype: post[0].to_string(),
-            source: unescape_mountinfo(post[1]),
-            super_options: post[2].to_string(),
-        });
-    }
-    v
+/// Read by `procfs`, not by stallwatch's own parser: the tests check the agent's mount
+/// logic against the kernel. procfs keeps the octal escapes (`\040` for a space) in mount
+/// points; no test mounts on such a path.
+pub fn mountinfo() -> Vec<MountInfo> {
+    Process::myself()
+        .and_then(|me| me.mountinfo())
+        .expect("read /proc/self/mountinfo")
+        .0
 }
 
 /// The topmost mount whose mount point is exactly `path`, if any.
-pub fn mounted_at(path: &Path) -> Option<MountEntry> {
+pub fn mounted_at(path: &Path) -> Option<MountInfo> {
     mountinfo().into_iter().rfind(|m| m.mount_point == path)
 }
 
@@ -378,7 +316,7 @@ impl LoopFs {
         assert!(self.mounted, "LoopFs::{what}: filesystem is not mounted");
         let m = mounted_at(&self.mnt);
         match m {
-            Some(ref m) if m.source == self.dev => {}
+            Some(ref m) if m.mount_source.as_deref() == Some(self.dev.as_str()) => {}
             other => panic!(
                 "LoopFs::{what}: refusing, {} is not the mount of {} (mountinfo: {:?})",
                 self.mnt.display(),
@@ -623,7 +561,7 @@ fn write_blkio(line: &str) -> Result<(), String> {
 /// Unmount `mnt` if `source` is mounted there: a few tries with short sleeps, then
 /// `umount -l`. Returns true when it is no longer mounted there.
 fn umount_retry(mnt: &Path, source: &str) -> bool {
-    let ours = || mounted_at(mnt).is_some_and(|m| m.source == source);
+    let ours = || mounted_at(mnt).is_some_and(|m| m.mount_source.as_deref() == Some(source));
     let mut last = String::new();
     for i in 0..6 {
         if !ours() {
@@ -658,12 +596,11 @@ pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_stallwatch");
 /// How long [`Agent::start`] waits for `listening on ADDR`.
 pub const AGENT_START_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A raw HTTP response (see [`Agent::get_raw`]): headers as sent, body not decoded
-/// (apart from chunked transfer encoding).
+/// An HTTP response as the agent sent it: header names lower-case, the body undecoded
+/// (ureq is built without its gzip feature, so a gzip body stays gzip).
 #[derive(Debug, Clone)]
 pub struct RawResponse {
     pub status: u16,
-    /// Header names lower-cased.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub elapsed: Duration,
@@ -678,6 +615,63 @@ impl RawResponse {
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// The body as text (lossy UTF-8).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// ureq settings for talking to the agent: a status is an answer, not an error; no
+/// proxy; no `Accept-Encoding` unless a test sends one; IPv4 only, so `localhost` is the
+/// 127.0.0.1 the agent listens on.
+pub fn client_config() -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(2)))
+        .timeout_global(Some(Duration::from_secs(10)))
+        .proxy(None)
+        .ip_family(ureq::config::IpFamily::Ipv4Only)
+        .accept_encoding(ureq::config::AutoHeaderValue::None)
+}
+
+/// A client that opens a new connection for every request (nothing pooled), like a
+/// scraper's first request: what is measured includes the agent accepting it.
+pub fn fresh_client() -> ureq::Agent {
+    client_config().max_idle_connections(0).build().into()
+}
+
+/// One request with `client`; Err (naming method and URL) on a transport failure:
+/// refused, reset, TLS handshake, timeout.
+pub fn request(
+    client: &ureq::Agent,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<RawResponse, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("{method} {url}: {e}");
+    let mut req = ureq::http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(()).map_err(|e| fail(&e))?;
+    let start = Instant::now();
+    let mut resp = client.run(req).map_err(|e| fail(&e))?;
+    let body = resp.body_mut().read_to_vec().map_err(|e| fail(&e))?;
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            (k.as_str().to_ascii_lowercase(), v)
+        })
+        .collect();
+    Ok(RawResponse {
+        status: resp.status().as_u16(),
+        headers,
+        body,
+        elapsed: start.elapsed(),
+    })
 }
 
 /// The running `stallwatch` binary. Killed (SIGKILL) and reaped on drop.
@@ -737,21 +731,13 @@ impl Agent {
         spawn_log_reader(stderr, "[agent] ", logs.clone());
         spawn_log_reader(stdout, "[agent:stdout] ", logs.clone());
 
-        let http_config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .timeout_global(Some(Duration::from_secs(10)))
-            .proxy(None)
-            .accept_encoding(ureq::config::AutoHeaderValue::None)
-            .build();
-
         let mut agent = Agent {
             child: Some(child),
             exited: None,
             pid,
             addr: String::new(),
             logs,
-            http: http_config.into(),
+            http: client_config().build().into(),
             config_path,
             _dir: dir,
         };
@@ -795,31 +781,16 @@ impl Agent {
         &self.config_path
     }
 
-    /// GET with optional request headers; non-2xx statuses are responses, not errors.
-    /// Err on transport failure (refused, timeout). Response body as text (lossy UTF-8;
-    /// gzip bodies are decoded when the server sends them).
+    /// GET with optional request headers on a pooled connection; non-2xx statuses are
+    /// responses, not errors. Err on transport failure (refused, timeout). Body as text
+    /// (lossy UTF-8).
     pub fn try_get_with(
         &self,
         path: &str,
         headers: &[(&str, &str)],
     ) -> Result<(u16, String, Duration), String> {
-        let url = self.url(path);
-        let start = Instant::now();
-        let mut req = self.http.get(&url);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .read_to_vec()
-            .map_err(|e| format!("GET {url}: reading body: {e}"))?;
-        Ok((
-            status,
-            String::from_utf8_lossy(&body).into_owned(),
-            start.elapsed(),
-        ))
+        let r = request(&self.http, "GET", &self.url(path), headers)?;
+        Ok((r.status, r.text(), r.elapsed))
     }
 
     /// GET; Err on transport failure.
@@ -834,58 +805,10 @@ impl Agent {
         })
     }
 
-    /// A hand-rolled HTTP/1.1 GET over a plain TCP stream: headers exactly as the agent
-    /// sent them, body undecoded (e.g. still gzip), chunked transfer decoded. For
-    /// checking `Content-Encoding` and friends.
+    /// GET on a new connection: headers exactly as the agent sent them, body undecoded
+    /// (e.g. still gzip). For checking `Content-Encoding` and friends.
     pub fn get_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<RawResponse, String> {
-        let start = Instant::now();
-        let mut s = TcpStream::connect(&self.addr).map_err(|e| format!("connect: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        s.set_write_timeout(Some(Duration::from_secs(10))).ok();
-        let mut req = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.addr
-        );
-        for (k, v) in headers {
-            let _ = write!(req, "{k}: {v}\r\n");
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes())
-            .map_err(|e| format!("write: {e}"))?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
-        let elapsed = start.elapsed();
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or("no end of headers")?;
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let mut body = raw[split + 4..].to_vec();
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-        let mut hs = Vec::new();
-        for l in lines {
-            if let Some((k, v)) = l.split_once(':') {
-                hs.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
-        }
-        let chunked = hs
-            .iter()
-            .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-        if chunked {
-            body = dechunk(&body)?;
-        }
-        Ok(RawResponse {
-            status,
-            headers: hs,
-            body,
-            elapsed,
-        })
+        request(&fresh_client(), "GET", &self.url(path), headers)
     }
 
     /// GET /metrics, expect 200, parse.
@@ -936,13 +859,10 @@ impl Agent {
 
     /// `Threads:` of /proc/PID/status.
     pub fn thread_count(&self) -> usize {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+        let status = Process::new(self.pid as i32)
+            .and_then(|p| p.status())
             .unwrap_or_else(|e| panic!("read /proc/{}/status: {e}", self.pid));
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("no Threads: line")
+        status.threads as usize
     }
 
     fn try_wait(&mut self) -> Option<ExitStatus> {
@@ -1073,43 +993,20 @@ pub fn parse_listening(line: &str) -> Option<String> {
     Some(tok.to_string())
 }
 
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("chunked: no size line")?;
-        let size_line = String::from_utf8_lossy(&b[..eol]);
-        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|e| format!("chunked: bad size {size_hex:?}: {e}"))?;
-        b = &b[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if b.len() < size + 2 {
-            return Err("chunked: truncated chunk".into());
-        }
-        out.extend_from_slice(&b[..size]);
-        b = &b[size + 2..];
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Metrics
 // ---------------------------------------------------------------------------------------
 
-/// One sample line.
+/// One sample line, labels unescaped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub value: f64,
-    pub timestamp_ms: Option<i64>,
 }
 
-/// A parsed Prometheus text exposition (format 0.0.4).
+/// A Prometheus text exposition (format 0.0.4), parsed by `nom-openmetrics`, with the
+/// lookups the tests use.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     /// The text as received.
@@ -1126,28 +1023,54 @@ impl Metrics {
             text: text.to_string(),
             ..Default::default()
         };
-        for (no, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            let err = |e: String| format!("line {}: {e}: {raw:?}", no + 1);
-            if line.is_empty() {
-                continue;
-            }
-            if let Some(c) = line.strip_prefix('#') {
-                let c = c.trim_start();
-                if let Some(rest) = c.strip_prefix("HELP ") {
-                    let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-                    m.helps
-                        .insert(name.to_string(), unescape_help(help.trim_start()));
-                } else if let Some(rest) = c.strip_prefix("TYPE ") {
-                    let mut it = rest.split_whitespace();
-                    let (Some(name), Some(t)) = (it.next(), it.next()) else {
-                        return Err(err("TYPE line without a type".into()));
-                    };
-                    m.types.insert(name.to_string(), t.to_string());
+        // Family by family (the crate's streaming entry point), so that an error can say
+        // where parsing stopped.
+        let mut rest = text;
+        while !rest.is_empty() {
+            let line = text[..text.len() - rest.len()].matches('\n').count() + 1;
+            let Ok((next, family)) = nom_openmetrics::parser::family(rest) else {
+                let bad = rest.lines().next().unwrap_or_default();
+                return Err(format!(
+                    "line {line}: not a HELP, TYPE or sample line: {bad:?}"
+                ));
+            };
+            rest = next;
+            for d in &family.descriptors {
+                match d {
+                    MetricDescriptor::Help { metric, help } => {
+                        m.helps.insert(metric.to_string(), help.clone());
+                    }
+                    MetricDescriptor::Type { metric, r#type } => {
+                        let t = match r#type {
+                            nom_openmetrics::MetricType::Unknown(t) => t.to_string(),
+                            known => known.to_string().to_ascii_lowercase(),
+                        };
+                        m.types.insert(metric.to_string(), t);
+                    }
+                    MetricDescriptor::Unit { .. } => {}
                 }
-                continue;
             }
-            m.samples.push(parse_sample(line).map_err(err)?);
+            // One descriptor or sample per line, so the sample's line is counted on.
+            let first_sample = line + family.descriptors.len();
+            for (i, s) in family.samples.iter().enumerate() {
+                let mut labels = BTreeMap::new();
+                for l in s.labels() {
+                    // The crate takes a repeated label name; the format forbids it.
+                    if labels.insert(l.name.to_string(), l.value.clone()).is_some() {
+                        return Err(format!(
+                            "line {}: duplicate label {} in {}",
+                            first_sample + i,
+                            l.name,
+                            s.name()
+                        ));
+                    }
+                }
+                m.samples.push(Sample {
+                    name: s.name().to_string(),
+                    labels,
+                    value: s.number(),
+                });
+            }
         }
         Ok(m)
     }
@@ -1235,157 +1158,6 @@ impl Metrics {
         v.dedup();
         v
     }
-}
-
-fn unescape_help(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\\' {
-            match it.next() {
-                Some('n') => out.push('\n'),
-                Some('\\') => out.push('\\'),
-                Some(o) => {
-                    out.push('\\');
-                    out.push(o);
-                }
-                None => out.push('\\'),
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn is_name_start(c: char) -> bool {
-    c.is_ascii_alphabetic() || c == '_' || c == ':'
-}
-
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == ':'
-}
-
-fn parse_value(s: &str) -> Result<f64, String> {
-    match s {
-        "+Inf" | "Inf" | "+inf" | "inf" => Ok(f64::INFINITY),
-        "-Inf" | "-inf" => Ok(f64::NEG_INFINITY),
-        "NaN" | "nan" => Ok(f64::NAN),
-        _ => s
-            .parse::<f64>()
-            .map_err(|e| format!("bad value {s:?}: {e}")),
-    }
-}
-
-fn parse_sample(line: &str) -> Result<Sample, String> {
-    let chars: Vec<char> = line.chars().collect();
-    let mut i = 0;
-    let n = chars.len();
-    if i >= n || !is_name_start(chars[i]) {
-        return Err("bad metric name".into());
-    }
-    while i < n && is_name_char(chars[i]) {
-        i += 1;
-    }
-    let name: String = chars[..i].iter().collect();
-    let skip_ws = |i: &mut usize| {
-        while *i < n && (chars[*i] == ' ' || chars[*i] == '\t') {
-            *i += 1;
-        }
-    };
-    skip_ws(&mut i);
-    let mut labels = BTreeMap::new();
-    if i < n && chars[i] == '{' {
-        i += 1;
-        loop {
-            skip_ws(&mut i);
-            if i >= n {
-                return Err("unterminated label set".into());
-            }
-            if chars[i] == '}' {
-                i += 1;
-                break;
-            }
-            let start = i;
-            if !is_name_start(chars[i]) || chars[i] == ':' {
-                return Err(format!("bad label name at column {}", i + 1));
-            }
-            while i < n && is_name_char(chars[i]) && chars[i] != ':' {
-                i += 1;
-            }
-            let lname: String = chars[start..i].iter().collect();
-            skip_ws(&mut i);
-            if i >= n || chars[i] != '=' {
-                return Err(format!("expected '=' after label {lname}"));
-            }
-            i += 1;
-            skip_ws(&mut i);
-            if i >= n || chars[i] != '"' {
-                return Err(format!("expected '\"' for label {lname}"));
-            }
-            i += 1;
-            let mut val = String::new();
-            loop {
-                if i >= n {
-                    return Err(format!("unterminated value of label {lname}"));
-                }
-                let c = chars[i];
-                i += 1;
-                match c {
-                    '"' => break,
-                    '\\' => {
-                        if i >= n {
-                            return Err(format!("dangling backslash in label {lname}"));
-                        }
-                        let e = chars[i];
-                        i += 1;
-                        match e {
-                            'n' => val.push('\n'),
-                            '\\' => val.push('\\'),
-                            '"' => val.push('"'),
-                            o => {
-                                val.push('\\');
-                                val.push(o);
-                            }
-                        }
-                    }
-                    o => val.push(o),
-                }
-            }
-            if labels.insert(lname.clone(), val).is_some() {
-                return Err(format!("duplicate label {lname}"));
-            }
-            skip_ws(&mut i);
-            if i < n && chars[i] == ',' {
-                i += 1;
-                continue;
-            }
-            if i < n && chars[i] == '}' {
-                i += 1;
-                break;
-            }
-            return Err(format!("expected ',' or '}}' after label {lname}"));
-        }
-    }
-    let rest: String = chars[i..].iter().collect();
-    let mut it = rest.split_whitespace();
-    let value = parse_value(it.next().ok_or("missing value")?)?;
-    let timestamp_ms = match it.next() {
-        Some(t) => Some(
-            t.parse::<i64>()
-                .map_err(|e| format!("bad timestamp {t:?}: {e}"))?,
-        ),
-        None => None,
-    };
-    if it.next().is_some() {
-        return Err("trailing garbage".into());
-    }
-    Ok(Sample {
-        name,
-        labels,
-        value,
-        timestamp_ms,
-    })
 }
 
 // ---------------------------------------------------------------------------------------
