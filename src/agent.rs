@@ -33,11 +33,16 @@ pub fn run(
     // Each module registers the families it owns; the scrape encodes the registry.
     let registry = metrics::registry();
     let probe_metrics = Arc::new(ProbeMetrics::new(&registry));
+    let mut lanes = 0;
     let targets: Vec<Arc<TargetShared>> = config
         .targets
         .iter()
         .enumerate()
-        .map(|(i, t)| Arc::new(TargetShared::new(i, t.clone(), &probe_metrics)))
+        .map(|(i, t)| {
+            let shared = TargetShared::new(i, t.clone(), lanes, &probe_metrics, &roots);
+            lanes += shared.lanes.len();
+            Arc::new(shared)
+        })
         .collect();
     probe::register_inflight(&registry, targets.clone());
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
@@ -71,14 +76,19 @@ pub fn run(
             require_mountpoint = t.require_mountpoint, "target configured");
     }
 
-    let mut probes: Vec<(Arc<TargetShared>, JoinHandle<()>)> = Vec::new();
+    // One thread per lane: targets x modes, plus the sampler, the watchdog and the
+    // HTTP runtime's, whatever happens to the probed filesystems.
+    let mut probes: Vec<(Arc<TargetShared>, usize, JoinHandle<()>)> = Vec::new();
     for t in &targets {
-        let worker = Worker::new(Arc::clone(t), Arc::clone(&ctx));
-        let h = std::thread::Builder::new()
-            .name(format!("probe-{}", t.index))
-            .spawn(move || worker.run())
-            .context("spawning a probe thread")?;
-        probes.push((Arc::clone(t), h));
+        for (i, lane) in t.lanes.iter().enumerate() {
+            let worker = Worker::new(Arc::clone(t), i, Arc::clone(&ctx));
+            // Thread names are cut at 15 bytes: the target's number and the mode.
+            let h = std::thread::Builder::new()
+                .name(format!("p{}-{}", t.index, lane.mode))
+                .spawn(move || worker.run())
+                .context("spawning a probe lane")?;
+            probes.push((Arc::clone(t), i, h));
+        }
     }
     let sampler = {
         let (s, sd) = (Arc::clone(&stalls), Arc::clone(&shutdown));
@@ -147,13 +157,14 @@ async fn wait_for_signal((mut term, mut int): Signals) {
     );
 }
 
-/// Waits for every probe thread. A thread blocked in the kernel (a frozen filesystem, a
-/// hung device) cannot be interrupted; say which target holds it, every few seconds.
-fn wait_for_probes(mut probes: Vec<(Arc<TargetShared>, JoinHandle<()>)>) {
+/// Waits for every lane. A thread blocked in the kernel (a frozen filesystem, a hung
+/// device) cannot be interrupted; say which target holds it, every few seconds.
+fn wait_for_probes(mut probes: Vec<(Arc<TargetShared>, usize, JoinHandle<()>)>) {
     let mut next_log = Instant::now();
     loop {
-        let (done, rest): (Vec<_>, Vec<_>) = probes.into_iter().partition(|(_, h)| h.is_finished());
-        for (_, h) in done {
+        let (done, rest): (Vec<_>, Vec<_>) =
+            probes.into_iter().partition(|(_, _, h)| h.is_finished());
+        for (_, _, h) in done {
             let _ = h.join();
         }
         probes = rest;
@@ -161,12 +172,14 @@ fn wait_for_probes(mut probes: Vec<(Arc<TargetShared>, JoinHandle<()>)>) {
             return;
         }
         if Instant::now() >= next_log {
-            for (t, _) in &probes {
-                match t.inflight.current() {
+            for (t, i, _) in &probes {
+                let lane = &t.lanes[*i];
+                match lane.inflight.current() {
                     Some(op) => warn!(target = %t.target.name, path = %t.target.path.display(),
                         mode = %op.mode, op = %op.op, blocked_seconds = op.age.as_secs_f64(),
                         "waiting to exit: probe blocked in the kernel; it cannot be interrupted, not even by SIGKILL"),
-                    None => info!(target = %t.target.name, "waiting for probe thread to finish"),
+                    None => info!(target = %t.target.name, mode = %lane.mode,
+                        "waiting for probe thread to finish"),
                 }
             }
             next_log = Instant::now() + Duration::from_secs(5);

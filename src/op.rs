@@ -47,6 +47,7 @@ pub fn ops_of(mode: Mode, sync: SyncKind) -> &'static [Op] {
         (Mode::Overwrite, SyncKind::Fdatasync) => &[Op::Write, Op::Fdatasync],
         (Mode::Direct, _) => &[Op::Write],
         (Mode::Replace, _) => &[Op::Create, Op::Write, Op::Fsync, Op::Rename, Op::Dirsync],
+        (Mode::Append, _) => &[Op::Write, Op::Fdatasync],
     }
 }
 

@@ -36,7 +36,7 @@ const NOTICE_EVERY: Duration = Duration::from_secs(2);
 pub struct ProbeArgs {
     /// Directory to probe (files go to PATH/.stallwatch and are removed at the end).
     pub path: PathBuf,
-    /// Probe mode, repeatable: create, overwrite, direct, replace [default: create, overwrite].
+    /// Probe mode, repeatable: create, overwrite, direct, replace, append [default: create, overwrite].
     #[arg(long = "mode", value_name = "M", value_parser = clap::value_parser!(Mode))]
     pub modes: Vec<Mode>,
     /// Number of cycles.
@@ -48,7 +48,7 @@ pub struct ProbeArgs {
     /// Flush call of the overwrite probe: fsync or fdatasync.
     #[arg(long, default_value = "fsync", value_parser = clap::value_parser!(SyncKind))]
     pub sync: SyncKind,
-    /// Bytes written by the overwrite, direct and replace probes (4096, 4KiB, 1MiB; at most 64MiB).
+    /// Bytes written by the overwrite, direct, replace and append probes (4096, 4KiB, 1MiB; at most 64MiB).
     #[arg(long, default_value = "4KiB", value_parser = parse_probe_size)]
     pub size: u64,
     /// Print JSON (all times in seconds) instead of text; notices and errors go to stderr.
@@ -291,6 +291,7 @@ fn work(job: Job, live: &Live, tx: &mpsc::Sender<Msg>) {
         let spec = ops::CycleSpec {
             size: job.size,
             sync: job.sync,
+            rotate_size: config::defaults::ROTATE_SIZE,
             seq,
         };
         let mut lats = Vec::new();

@@ -125,11 +125,18 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             }
             _ => String::new(),
         };
-        let inflight = t
-            .inflight
-            .current()
+        // Every lane's call in the kernel right now: "only fsync" and "everything"
+        // read differently.
+        let calls: Vec<String> = t
+            .in_flight()
+            .iter()
             .map(|c| format!("{} {} for {:.1} s", c.mode, c.op, c.age.as_secs_f64()))
-            .unwrap_or_else(|| "-".into());
+            .collect();
+        let inflight = if calls.is_empty() {
+            "-".to_owned()
+        } else {
+            calls.join(", ")
+        };
         let last = st.last_success.map(ago).unwrap_or_else(|| "never".into());
         let _ = write!(
             h,
@@ -177,23 +184,35 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
     } else {
         h.push_str(
             "<table><tr><th>started</th><th>target</th><th>op</th><th>duration</th>\
-             <th>dirty max</th><th>writeback max</th><th>md</th><th>error</th></tr>",
+             <th>also blocked</th><th>dirty max</th><th>writeback max</th><th>md</th>\
+             <th>error</th></tr>",
         );
         for e in &events {
             let md: Vec<String> =
                 e.md.iter()
                     .map(|m| format!("{} {}", m.device, m.action_label()))
                     .collect();
+            let also: Vec<String> = e
+                .also_blocked
+                .iter()
+                .map(|b| format!("{} {} ({:.1} s)", b.mode, b.op, b.blocked_seconds))
+                .collect();
+            let also = if also.is_empty() {
+                "none".to_owned()
+            } else {
+                also.join(", ")
+            };
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{:.3} s{}</td><td>{} MiB</td>\
-                 <td>{} MiB</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{:.3} s{}</td><td>{}</td>\
+                 <td>{} MiB</td><td>{} MiB</td><td>{}</td><td>{}</td></tr>",
                 humantime::format_rfc3339_millis(e.started_at),
                 esc(&e.target),
                 e.mode,
                 e.op,
                 e.duration_seconds,
                 if e.ongoing { " (ongoing)" } else { "" },
+                esc(&also),
                 e.vm.dirty_bytes_max >> 20,
                 e.vm.writeback_bytes_max >> 20,
                 esc(&md.join(", ")),

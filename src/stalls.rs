@@ -100,8 +100,12 @@ pub struct StallEvent {
     pub vm: VmContext,
     pub md: Vec<MdContext>,
     pub device: Option<DeviceContext>,
+    /// The other lanes of the target blocked past the threshold during the stall: all
+    /// of them on a frozen filesystem, none when only this call is held.
+    pub also_blocked: Vec<BlockedLane>,
     #[serde(skip)]
     started: Instant,
+    /// The lane and the call's sequence number in it.
     #[serde(skip)]
     key: (usize, u64),
     #[serde(skip)]
@@ -110,6 +114,55 @@ pub struct StallEvent {
     disk: Option<String>,
     #[serde(skip)]
     arrays: Vec<String>,
+}
+
+/// Another lane's call, blocked at the same time as the stalled one.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BlockedLane {
+    pub mode: &'static str,
+    pub op: &'static str,
+    /// The longest it was seen blocked while the stall lasted.
+    pub blocked_seconds: f64,
+}
+
+/// Which lane a call belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneKey<'a> {
+    /// The target's number in the configuration.
+    pub target: usize,
+    /// The lane's number, unique in the agent.
+    pub lane: usize,
+    /// The target's name.
+    pub name: &'a str,
+}
+
+/// A call slower than the threshold that returned.
+#[derive(Debug, Clone, Copy)]
+pub struct FinishedCall {
+    pub mode: Mode,
+    pub op: Op,
+    /// The call's sequence number in its lane's in-flight slot.
+    pub seq: u64,
+    pub elapsed: Duration,
+    pub failure: Option<Failure>,
+}
+
+/// Adds the calls of `others` to `into`, keeping each one's longest time blocked.
+fn merge_blocked(into: &mut Vec<BlockedLane>, others: &[InFlightOp]) {
+    for o in others {
+        let age = o.age.as_secs_f64();
+        match into
+            .iter_mut()
+            .find(|b| b.mode == o.mode.as_str() && b.op == o.op.as_str())
+        {
+            Some(b) => b.blocked_seconds = b.blocked_seconds.max(age),
+            None => into.push(BlockedLane {
+                mode: o.mode.as_str(),
+                op: o.op.as_str(),
+                blocked_seconds: age,
+            }),
+        }
+    }
 }
 
 fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
@@ -224,16 +277,25 @@ impl StallLog {
             .collect()
     }
 
-    /// The watchdog saw `op` of target number `target`, called `name`, in flight past
-    /// its threshold.
-    pub fn crossed(&self, target: usize, name: &str, op: InFlightOp) {
+    /// The watchdog saw `op` of lane `key` in flight past its threshold, and `others`,
+    /// the other lanes of the target blocked past it too. Called at every look while the
+    /// call lasts: counted the first time, the other lanes gathered every time.
+    pub fn crossed(&self, key: LaneKey<'_>, op: InFlightOp, others: &[InFlightOp]) {
         let mut inner = lock(&self.inner);
-        if inner.counted.get(&target) == Some(&op.seq) {
+        if inner.counted.get(&key.lane) == Some(&op.seq) {
+            if let Some(ev) = inner
+                .events
+                .iter_mut()
+                .find(|e| e.ongoing && e.key == (key.lane, op.seq))
+            {
+                merge_blocked(&mut ev.also_blocked, others);
+            }
             return;
         }
-        inner.counted.insert(target, op.seq);
-        let t = (target, name);
-        let ev = self.new_event(&inner, t, op.mode, op.op, op.seq, op.started, true);
+        inner.counted.insert(key.lane, op.seq);
+        let name = key.name;
+        let mut ev = self.new_event(&inner, key, op.mode, op.op, op.seq, op.started, true);
+        merge_blocked(&mut ev.also_blocked, others);
         self.count(name, op.mode, op.op);
         let (md, device, inflight) = log_fields(&ev);
         warn!(target = %name, mode = %op.mode, op = %op.op,
@@ -243,39 +305,38 @@ impl StallLog {
             writeback_bytes_max = ev.vm.writeback_bytes_max,
             dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
             md = %md, device = %device, device_inflight_max = inflight,
+            also_blocked = %blocked_field(&ev.also_blocked),
             "stall started: operation blocked past the threshold");
         self.push(&mut inner, ev);
     }
 
-    /// An operation of target number `target`, called `name`, slower than its
-    /// threshold returned.
-    #[allow(clippy::too_many_arguments)]
-    pub fn finished(
-        &self,
-        target: usize,
-        name: &str,
-        mode: Mode,
-        op: Op,
-        seq: u64,
-        elapsed: Duration,
-        failure: Option<Failure>,
-    ) {
+    /// A call of lane `key` slower than the threshold returned; `others` are the other
+    /// lanes of the target blocked past the threshold right now.
+    pub fn finished(&self, key: LaneKey<'_>, call: FinishedCall, others: &[InFlightOp]) {
+        let FinishedCall {
+            mode,
+            op,
+            seq,
+            elapsed,
+            failure,
+        } = call;
         let mut inner = lock(&self.inner);
         let started = Instant::now() - elapsed;
-        if inner.counted.get(&target) != Some(&seq) {
+        if inner.counted.get(&key.lane) != Some(&seq) {
             // Returned between two watchdog ticks: count it now.
-            inner.counted.insert(target, seq);
-            self.count(name, mode, op);
-            let ev = self.new_event(&inner, (target, name), mode, op, seq, started, false);
+            inner.counted.insert(key.lane, seq);
+            self.count(key.name, mode, op);
+            let ev = self.new_event(&inner, key, mode, op, seq, started, false);
             self.push(&mut inner, ev);
         }
         let latest = inner.history.back().cloned();
-        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (target, seq)) else {
+        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (key.lane, seq)) else {
             return;
         };
         if let Some(s) = &latest {
             update(ev, s);
         }
+        merge_blocked(&mut ev.also_blocked, others);
         ev.ongoing = false;
         ev.duration_seconds = elapsed.as_secs_f64();
         ev.error = failure.map(|f| f.to_string());
@@ -289,6 +350,7 @@ impl StallLog {
             dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
             io_pressure_full_seconds = ev.vm.io_pressure_full_seconds.unwrap_or(0.0),
             md = %md, device = %device, device_inflight_max = inflight,
+            also_blocked = %blocked_field(&ev.also_blocked),
             "stall ended");
     }
 
@@ -327,20 +389,20 @@ impl StallLog {
     fn new_event(
         &self,
         inner: &Inner,
-        (target, name): (usize, &str),
+        key: LaneKey<'_>,
         mode: Mode,
         op: Op,
         seq: u64,
         started: Instant,
         ongoing: bool,
     ) -> StallEvent {
-        let devs = inner.devices.get(&target).cloned().unwrap_or_default();
+        let devs = inner.devices.get(&key.target).cloned().unwrap_or_default();
         // The last sample at or before the start gives the state the call met; the
         // samples since then give the window so far.
         let before = inner.history.iter().rev().find(|s| s.vm.at <= started);
         let first = before.or_else(|| inner.history.iter().find(|s| s.vm.at > started));
         let mut ev = StallEvent {
-            target: name.to_owned(),
+            target: key.name.to_owned(),
             mode: mode.as_str(),
             op: op.as_str(),
             started_at: SystemTime::now() - started.elapsed(),
@@ -360,8 +422,9 @@ impl StallLog {
                 device: d.clone(),
                 inflight_requests_max: 0,
             }),
+            also_blocked: Vec::new(),
             started,
-            key: (target, seq),
+            key: (key.lane, seq),
             pressure_start: None,
             disk: devs.disk.clone(),
             arrays: devs.arrays.clone(),
@@ -391,6 +454,15 @@ fn log_fields(ev: &StallEvent) -> (String, String, u64) {
         .map(|d| (d.device.clone(), d.inflight_requests_max))
         .unwrap_or_else(|| ("none".into(), 0));
     (md.join(","), device, inflight)
+}
+
+/// The other blocked lanes as one log value: `create:create,overwrite:fsync`, or `none`.
+fn blocked_field(b: &[BlockedLane]) -> String {
+    if b.is_empty() {
+        return "none".into();
+    }
+    let v: Vec<String> = b.iter().map(|b| format!("{}:{}", b.mode, b.op)).collect();
+    v.join(",")
 }
 
 /// Folds one sample into an event's window.
@@ -461,6 +533,69 @@ mod tests {
         }
     }
 
+    const KEY: LaneKey<'static> = LaneKey {
+        target: 0,
+        lane: 1,
+        name: "t",
+    };
+
+    fn call(seq: u64, elapsed: Duration, failure: Option<Failure>) -> FinishedCall {
+        FinishedCall {
+            mode: Mode::Overwrite,
+            op: Op::Fsync,
+            seq,
+            elapsed,
+            failure,
+        }
+    }
+
+    fn in_flight(mode: Mode, op: Op, seq: u64, age: Duration) -> InFlightOp {
+        InFlightOp {
+            mode,
+            op,
+            seq,
+            started: Instant::now() - age,
+            age,
+        }
+    }
+
+    #[test]
+    fn other_blocked_lanes_are_gathered_while_the_stall_lasts() {
+        let log = setup();
+        let fsync = in_flight(Mode::Overwrite, Op::Fsync, 4, Duration::from_secs(2));
+        log.crossed(KEY, fsync, &[]);
+        assert!(log.events()[0].also_blocked.is_empty(), "only fsync so far");
+        let create = in_flight(Mode::Create, Op::Create, 7, Duration::from_secs(1));
+        log.crossed(KEY, fsync, &[create]);
+        let longer = in_flight(Mode::Create, Op::Create, 7, Duration::from_secs(3));
+        log.crossed(KEY, fsync, &[longer]);
+        assert_eq!(counted(&log), 1, "looking again does not count again");
+        let write = in_flight(Mode::Append, Op::Write, 2, Duration::from_secs(1));
+        log.finished(KEY, call(4, Duration::from_secs(5), None), &[write]);
+        let ev = &log.events()[0];
+        assert_eq!(
+            ev.also_blocked,
+            vec![
+                BlockedLane {
+                    mode: "create",
+                    op: "create",
+                    blocked_seconds: 3.0
+                },
+                BlockedLane {
+                    mode: "append",
+                    op: "write",
+                    blocked_seconds: 1.0
+                },
+            ]
+        );
+        let json = serde_json::to_value(ev).unwrap();
+        assert_eq!(json["also_blocked"][0]["mode"], "create");
+        // Another lane's call with the same sequence number is another call.
+        let other = LaneKey { lane: 2, ..KEY };
+        log.crossed(other, fsync, &[]);
+        assert_eq!(counted(&log), 2);
+    }
+
     fn setup() -> StallLog {
         let log = StallLog::new(2, &Registry::new());
         log.set_devices(
@@ -504,8 +639,8 @@ mod tests {
             started: start,
             age: start.elapsed(),
         };
-        log.crossed(0, "t", op);
-        log.crossed(0, "t", op);
+        log.crossed(KEY, op, &[]);
+        log.crossed(KEY, op, &[]);
         assert_eq!(counted(&log), 1, "a crossing is counted once");
         let ev = &log.events()[0];
         assert!(ev.ongoing);
@@ -514,7 +649,7 @@ mod tests {
         assert_eq!(ev.md[0].sync_action, Some(SyncAction::Check));
         // Later samples while ongoing raise the maxima; idle does not hide the check.
         log.observe(snap(Instant::now(), 200, 90, 4.0, SyncAction::Idle, 3));
-        log.finished(0, "t", Mode::Overwrite, Op::Fsync, 9, start.elapsed(), None);
+        log.finished(KEY, call(9, start.elapsed(), None), &[]);
         assert_eq!(counted(&log), 1, "finishing does not count again");
         let ev = &log.events()[0];
         assert!(!ev.ongoing);
@@ -537,15 +672,8 @@ mod tests {
     fn returned_between_ticks_is_counted_on_return_and_ring_is_bounded() {
         let log = setup();
         for seq in 1..=3 {
-            log.finished(
-                0,
-                "t",
-                Mode::Overwrite,
-                Op::Fsync,
-                seq,
-                Duration::from_millis(700),
-                Some(Failure::Errno(nix::errno::Errno::EIO)),
-            );
+            let eio = Some(Failure::Errno(nix::errno::Errno::EIO));
+            log.finished(KEY, call(seq, Duration::from_millis(700), eio), &[]);
         }
         assert_eq!(counted(&log), 3);
         let ev = log.events();

@@ -1,12 +1,13 @@
-//! The watchdog thread: looks at every target's in-flight slot and counts, live, the
+//! The watchdog thread: looks at every lane's in-flight slot and counts, live, the
 //! cycles that came due while one is blocked and the operations that cross their stall
-//! threshold, while the call may still be in the kernel.
+//! threshold, while the call may still be in the kernel; for each stall it gathers the
+//! other lanes of the target blocked at the same time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::probe::TargetShared;
-use crate::stalls::StallLog;
+use crate::stalls::{LaneKey, StallLog};
 use crate::sync::Shutdown;
 
 /// The shortest pause between two looks of the watchdog at the in-flight slots.
@@ -32,14 +33,23 @@ pub fn run(targets: Vec<Arc<TargetShared>>, stalls: Arc<StallLog>, shutdown: Arc
         let now = Instant::now();
         let mut wake = now + idle;
         for t in &targets {
-            if let Some(due) = t.count_overdue() {
-                wake = wake.min(due);
-            }
-            if let Some(op) = t.inflight.current() {
-                if op.age >= t.target.stall_threshold {
-                    stalls.crossed(t.index, &t.target.name, op);
+            let threshold = t.target.stall_threshold;
+            for lane in &t.lanes {
+                if let Some(due) = lane.count_overdue(t.target.interval) {
+                    wake = wake.min(due);
+                }
+                let Some(op) = lane.inflight.current() else {
+                    continue;
+                };
+                if op.age >= threshold {
+                    let key = LaneKey {
+                        target: t.index,
+                        lane: lane.id,
+                        name: &t.target.name,
+                    };
+                    stalls.crossed(key, op, &t.blocked_besides(lane));
                 } else {
-                    wake = wake.min(op.started + t.target.stall_threshold);
+                    wake = wake.min(op.started + threshold);
                 }
             }
         }

@@ -51,6 +51,8 @@ pub struct ProbeMetrics {
     read_only: IntGaugeVec,
     info: IntGaugeVec,
     last_success: GaugeVec,
+    lane_up: IntGaugeVec,
+    lane_skipped: IntCounterVec,
 }
 
 fn register<M: Collector + Clone + 'static>(r: &Registry, m: prometheus::Result<M>) -> M {
@@ -147,6 +149,26 @@ impl ProbeMetrics {
                     target,
                 ),
             ),
+            lane_up: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_lane_up",
+                        "1 when the last cycle of this mode's lane succeeded; stallwatch_target_up is 1 when every lane's is.",
+                    ),
+                    &["target", "mode"],
+                ),
+            ),
+            lane_skipped: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "stallwatch_lane_skipped_total",
+                        "Cycles of this mode's lane not started, by reason; stallwatch_probes_skipped_total is their sum per target.",
+                    ),
+                    &["target", "mode", "reason"],
+                ),
+            ),
         }
     }
 
@@ -159,9 +181,13 @@ impl ProbeMetrics {
         }
         for &mode in &t.modes {
             self.cycles.with_label_values(&[name, mode.as_str()]);
+            self.set_lane_up(name, mode, false);
         }
         for &reason in <SkipReason as strum::VariantArray>::VARIANTS {
             self.skipped(name, reason);
+            for &mode in &t.modes {
+                self.lane_skipped(name, mode, reason);
+            }
         }
         self.set_up(name, false);
         self.set_read_only(name, false);
@@ -171,6 +197,18 @@ impl ProbeMetrics {
     /// The skip counter of `target` for `reason`.
     pub(super) fn skipped(&self, target: &str, reason: SkipReason) -> IntCounter {
         self.skipped.with_label_values(&[target, reason.as_str()])
+    }
+
+    /// The skip counter of `target`'s `mode` lane for `reason`.
+    pub(super) fn lane_skipped(&self, target: &str, mode: Mode, reason: SkipReason) -> IntCounter {
+        self.lane_skipped
+            .with_label_values(&[target, mode.as_str(), reason.as_str()])
+    }
+
+    pub(super) fn set_lane_up(&self, target: &str, mode: Mode, up: bool) {
+        self.lane_up
+            .with_label_values(&[target, mode.as_str()])
+            .set(up as i64);
     }
 
     pub(super) fn observe(&self, target: &str, mode: Mode, op: Op, elapsed: Duration) {
@@ -254,6 +292,13 @@ impl ProbeMetrics {
     }
 
     #[cfg(test)]
+    pub(super) fn lane_up_of(&self, target: &str, mode: Mode) -> i64 {
+        self.lane_up
+            .with_label_values(&[target, mode.as_str()])
+            .get()
+    }
+
+    #[cfg(test)]
     pub(super) fn skipped_of(&self, target: &str, reason: SkipReason) -> u64 {
         self.skipped(target, reason).get()
     }
@@ -306,15 +351,15 @@ impl Collector for Inflight {
         };
         let mut metrics = Vec::new();
         for t in &self.targets {
-            let now = t.inflight.current();
+            let now = t.in_flight();
             // Set-up (op="prepare") can block too: show it, so a stuck probe is never
             // invisible.
             let prepare = t.target.modes.iter().map(|&m| (m, Op::Prepare));
             for (mode, op) in t.ops.iter().copied().chain(prepare) {
-                let age = match now {
-                    Some(c) if c.mode == mode && c.op == op => c.age.as_secs_f64(),
-                    _ => 0.0,
-                };
+                let age = now
+                    .iter()
+                    .find(|c| c.mode == mode && c.op == op)
+                    .map_or(0.0, |c| c.age.as_secs_f64());
                 let mut g = Gauge::default();
                 g.set_value(age);
                 let mut m = Metric::default();

@@ -233,14 +233,24 @@ pub const OVERWRITE_FILE: &str = "overwrite.dat";
 pub const DIRECT_FILE: &str = "direct.dat";
 pub const REPLACE_FILE: &str = "replace.dat";
 pub const REPLACE_TEMP: &str = "replace.tmp";
+pub const APPEND_FILE: &str = "append.log";
+/// The new, empty log while the append probe rotates; renamed over `append.log`.
+pub const APPEND_NEXT: &str = "append.next";
 const CREATE_PREFIX: &str = "create.";
 
-fn is_own_name(name: &str) -> bool {
-    [OVERWRITE_FILE, DIRECT_FILE, REPLACE_FILE, REPLACE_TEMP].contains(&name)
-        || name
+/// The mode whose lane owns the file `name`, or None for a name that is not ours. Each
+/// lane removes only its own mode's leftovers, so lanes never delete each other's files.
+pub fn owner_of(name: &str) -> Option<Mode> {
+    match name {
+        OVERWRITE_FILE => Some(Mode::Overwrite),
+        DIRECT_FILE => Some(Mode::Direct),
+        REPLACE_FILE | REPLACE_TEMP => Some(Mode::Replace),
+        APPEND_FILE | APPEND_NEXT => Some(Mode::Append),
+        _ => name
             .strip_prefix(CREATE_PREFIX)
-            .map(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == '.'))
-            .unwrap_or(false)
+            .filter(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == '.'))
+            .map(|_| Mode::Create),
+    }
 }
 
 impl ProbeDir {
@@ -248,6 +258,11 @@ impl ProbeDir {
     /// ours at shutdown). `unlinkat` never follows symlinks; foreign names stay.
     /// Returns how many were removed.
     pub fn remove_own_files(&self) -> usize {
+        self.remove_files_of(|_| true)
+    }
+
+    /// Removes the files of ours that belong to the modes `which` selects.
+    pub fn remove_files_of(&self, which: impl Fn(Mode) -> bool) -> usize {
         let Ok(dir) = nix::dir::Dir::openat(&self.fd, ".", DIR_FLAGS, FileMode::empty()) else {
             return 0;
         };
@@ -255,7 +270,7 @@ impl ProbeDir {
             .into_iter()
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().to_str().ok().map(str::to_owned))
-            .filter(|n| is_own_name(n))
+            .filter(|n| owner_of(n).is_some_and(&which))
             .collect();
         names
             .iter()
@@ -265,7 +280,13 @@ impl ProbeDir {
 
     /// Removes our files and then the directory itself if nothing else is in it.
     pub fn remove_all(self, parent: &Path) {
-        self.remove_own_files();
+        self.remove_mode(parent, |_| true);
+    }
+
+    /// Removes the files of the modes `which` selects, then the directory if that left
+    /// it empty (the last lane of a target to stop removes it).
+    pub fn remove_mode(self, parent: &Path, which: impl Fn(Mode) -> bool) {
+        self.remove_files_of(which);
         drop(self);
         if let Ok(p) = nix::fcntl::open(parent, DIR_FLAGS, FileMode::empty()) {
             let _ = unlinkat(&p, PROBE_DIR, UnlinkatFlags::RemoveDir);
@@ -277,6 +298,8 @@ impl ProbeDir {
 pub struct CycleSpec {
     pub size: u64,
     pub sync: SyncKind,
+    /// The append log's size limit: past it a new log replaces the old one.
+    pub rotate_size: u64,
     /// Cycle number: varies the written bytes and the created names.
     pub seq: u64,
 }
@@ -572,19 +595,91 @@ pub fn run_mode(
                 || fsync(&dir.fd).map_err(errno),
             )?;
         }
+        Mode::Append => {
+            let fd = open_log(&mut t, dir, spec)?;
+            let buf = vec![fill; spec.size as usize];
+            t.run(
+                Op::Write,
+                || format!("append {} bytes to {APPEND_FILE}", spec.size),
+                || match nix::unistd::write(&fd, &buf) {
+                    Ok(n) if n == buf.len() => Ok(()),
+                    Ok(_) => Err(Failure::ShortWrite),
+                    Err(e) => Err(errno(e)),
+                },
+            )?;
+            // The write grew the file: this fdatasync must commit the new size with the
+            // data, as a database's log commit does.
+            t.run(
+                Op::Fdatasync,
+                || format!("fdatasync {APPEND_FILE}"),
+                || fdatasync(&fd).map_err(errno),
+            )?;
+        }
     }
     Ok(t.done)
+}
+
+/// Opens the append log for appending (creating it when missing); when the next write
+/// would take it past `rotate_size`, a new empty log first replaces it. Both are set-up
+/// (`prepare`), not timed ops.
+fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<OwnedFd, OpError> {
+    let append = OFlag::O_WRONLY | OFlag::O_APPEND | FILE_FLAGS;
+    let mode = FileMode::S_IRUSR | FileMode::S_IWUSR;
+    let (fd, len) = t.run(
+        Op::Prepare,
+        || format!("open {APPEND_FILE}"),
+        || {
+            let fd = openat(&dir.fd, APPEND_FILE, append | OFlag::O_CREAT, mode).map_err(errno)?;
+            // Size only, no timestamps: see open_prealloc.
+            let st = statx(
+                fd.as_fd(),
+                StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
+            )
+            .map_err(errno)?;
+            let regular = FileType::from_raw_mode(st.stx_mode.into()) == FileType::RegularFile;
+            if !regular || st.stx_nlink != 1 {
+                return Err(Failure::UnsafeDir);
+            }
+            Ok((fd, st.stx_size))
+        },
+    )?;
+    if len == 0 || len + spec.size <= spec.rotate_size {
+        return Ok(fd);
+    }
+    drop(fd);
+    // An earlier rotation interrupted between create and rename left this behind.
+    let _ = unlinkat(&dir.fd, APPEND_NEXT, UnlinkatFlags::NoRemoveDir);
+    let fd = t.run(
+        Op::Prepare,
+        || format!("create {APPEND_NEXT} to rotate {APPEND_FILE} at {len} bytes"),
+        || {
+            openat(
+                &dir.fd,
+                APPEND_NEXT,
+                append | OFlag::O_CREAT | OFlag::O_EXCL,
+                mode,
+            )
+            .map_err(errno)
+        },
+    )?;
+    t.run(
+        Op::Prepare,
+        || format!("rename {APPEND_NEXT} over {APPEND_FILE}"),
+        || renameat(&dir.fd, APPEND_NEXT, &dir.fd, APPEND_FILE).map_err(errno),
+    )?;
+    Ok(fd)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn spec(seq: u64) -> CycleSpec {
         CycleSpec {
             size: 4096,
             sync: SyncKind::Fsync,
+            rotate_size: 16384,
             seq,
         }
     }
@@ -673,11 +768,41 @@ mod tests {
     }
 
     #[test]
-    fn own_names() {
-        assert!(is_own_name("create.12.3"));
-        assert!(is_own_name(OVERWRITE_FILE));
-        assert!(!is_own_name("create."));
-        assert!(!is_own_name("create.x"));
-        assert!(!is_own_name("data.db"));
+    fn own_names_and_the_lane_that_owns_them() {
+        assert_eq!(owner_of("create.12.3"), Some(Mode::Create));
+        assert_eq!(owner_of(OVERWRITE_FILE), Some(Mode::Overwrite));
+        assert_eq!(owner_of(DIRECT_FILE), Some(Mode::Direct));
+        assert_eq!(owner_of(REPLACE_TEMP), Some(Mode::Replace));
+        assert_eq!(owner_of(APPEND_NEXT), Some(Mode::Append));
+        assert_eq!(owner_of("create."), None);
+        assert_eq!(owner_of("create.x"), None);
+        assert_eq!(owner_of("data.db"), None);
+    }
+
+    #[test]
+    fn append_grows_the_log_and_rotates_it_at_the_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = open_probe_dir(tmp.path(), None).unwrap();
+        let log = tmp.path().join(PROBE_DIR).join(APPEND_FILE);
+        // 16 KiB cap, 4 KiB appends: four fit, the fifth starts a new log.
+        for seq in 1..=4 {
+            let l = run_mode(Mode::Append, &dir, &spec(seq), &NoObserver).unwrap();
+            assert_eq!(
+                l.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+                [Op::Write, Op::Fdatasync]
+            );
+            assert_eq!(std::fs::metadata(&log).unwrap().len(), 4096 * seq);
+        }
+        let before = std::fs::metadata(&log).unwrap().ino();
+        run_mode(Mode::Append, &dir, &spec(5), &NoObserver).unwrap();
+        let after = std::fs::metadata(&log).unwrap();
+        assert_eq!(after.len(), 4096, "rotated: a new log with one append");
+        assert_ne!(after.ino(), before, "a new file, not a truncated one");
+        let names: Vec<String> = std::fs::read_dir(tmp.path().join(PROBE_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, [APPEND_FILE], "the old log is gone");
+        assert_eq!(dir.remove_files_of(|m| m == Mode::Append), 1);
     }
 }
