@@ -765,7 +765,7 @@ fn start_agent(dir: &Path) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
         format!(
             "listen_address: \"127.0.0.1:0\"\n\
              vm_interval: 1s\n\
-             defaults:\n  interval: 1s\n  require_mountpoint: false\n  modes: [create, overwrite]\n\
+             defaults:\n  interval: 1s\n  require_mountpoint: false\n  modes: [create, overwrite, append]\n\
              targets:\n  - path: {}\n    name: deploytest\n",
             probe_dir.display()
         ),
