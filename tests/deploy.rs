@@ -439,6 +439,9 @@ const KNOWN_METRICS: &[&str] = &[
     // beyond SPEC's table, exported by the agent:
     "stallwatch_target_read_only",
     "stallwatch_vm_sample_errors_total",
+    // lanes (issue 11):
+    "stallwatch_lane_up",
+    "stallwatch_lane_skipped_total",
 ];
 
 /// Metrics the issue asks the dashboard to show.
@@ -455,6 +458,7 @@ const DASHBOARD_MUST_SHOW: &[&str] = &[
     "stallwatch_pressure_io_some_seconds_total",
     "stallwatch_pressure_io_full_seconds_total",
     "stallwatch_md_sync_action",
+    "stallwatch_lane_up",
 ];
 
 fn dashboard() -> Value {

@@ -343,19 +343,20 @@ fn probe_directory_removed_is_recreated_and_counted_when_it_breaks_a_cycle() {
     }
     let mut gone = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
-    let mut t = target("gone", gone.path(), "1s", "overwrite, create");
+    // One lane, so "during a cycle" is one lane's cycle: replace holds the directory's
+    // descriptor from its create to its rename.
+    let mut t = target("gone", gone.path(), "1s", "replace");
     t.push_str("    size: 64KiB\n");
     let agent = Agent::start(&config(&[t, healthy_target(&healthy, "1s")]));
     let before = wait_metrics(&agent, "both targets up", |m| {
         up(m, "gone") == Some(1.0) && up(m, "healthy") == Some(1.0)
     });
 
-    // Right after a cycle ended (its last mode counted), so the removal falls between
-    // two cycles, 1 s apart.
+    // Right after a cycle ended, so the removal falls between two cycles, 1 s apart.
     let done = |m: &Metrics| {
         m.get(
             "stallwatch_probes_total",
-            &[("target", "gone"), ("mode", "create")],
+            &[("target", "gone"), ("mode", "replace")],
         )
         .unwrap_or(0.0)
     };
@@ -375,12 +376,13 @@ fn probe_directory_removed_is_recreated_and_counted_when_it_breaks_a_cycle() {
     assert_eq!(log_count(&agent, "gone", &["had vanished"]), 1);
     assert_eq!(log_count(&agent, "gone", &["probe cycle failed"]), 0);
 
-    // Now under a cycle: hold the fsync up, delete the directory meanwhile.
+    // Now under a cycle: hold the fsync of the temp file up, delete the directory
+    // meanwhile; the rename into the deleted directory then fails.
     gone.throttle_write_bps(64 << 10);
     let fsync_blocked = |m: &Metrics| {
         m.get(
             "stallwatch_probe_inflight_seconds",
-            &[("target", "gone"), ("mode", "overwrite"), ("op", "fsync")],
+            &[("target", "gone"), ("mode", "replace"), ("op", "fsync")],
         )
         .unwrap_or(0.0)
             > 0.2
@@ -388,13 +390,13 @@ fn probe_directory_removed_is_recreated_and_counted_when_it_breaks_a_cycle() {
     wait_metrics(&agent, "an fsync held up by the throttle", fsync_blocked);
     std::fs::remove_dir_all(probe_dir(&gone)).unwrap();
     gone.unthrottle();
-    let m = wait_metrics(&agent, "ENOENT counted under create", |m| {
+    let m = wait_metrics(&agent, "ENOENT counted under rename", |m| {
         m.get(
             "stallwatch_probe_errors_total",
             &[
                 ("target", "gone"),
-                ("mode", "create"),
-                ("op", "create"),
+                ("mode", "replace"),
+                ("op", "rename"),
                 ("errno", "ENOENT"),
             ],
         )
@@ -884,15 +886,10 @@ fn symlinked_target_path_is_refused_with_a_clear_message() {
     wait_metrics(&agent, "the symlinked target refused", |m| {
         errors(m, "linked", "unsafe_dir") >= 4.0 && up(m, "linked") == Some(0.0)
     });
-    assert_eq!(
-        log_count(
-            &agent,
-            "linked",
-            &["probe cycle failed", "is a symlink, which is not followed"]
-        ),
-        1,
-        "{}",
-        agent.log_tail(10)
+    assert_logged_once_per_lane(
+        &agent,
+        "linked",
+        &["probe cycle failed", "is a symlink, which is not followed"],
     );
     assert!(!probe_dir(&fs).exists(), "wrote through the symlink");
     assert_healthy(&agent, &before);
