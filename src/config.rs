@@ -368,7 +368,32 @@ pub mod defaults {
 }
 
 /// Paths the HTTP side serves itself; the telemetry path may not shadow them.
-const RESERVED_PATHS: [&str; 3] = ["/", "/healthz", "/api/stalls"];
+const RESERVED_PATHS: [&str; 4] = ["/", "/healthz", "/api/stalls", "/-/reload"];
+
+/// Where the configuration comes from, at start and at every reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `--config FILE`.
+    File(PathBuf),
+    /// No `--config`: `/etc/stallwatch/config.yaml` when it exists, else the embedded
+    /// default.
+    Default,
+}
+
+impl Source {
+    /// Reads and validates the configuration; also says which file it came from (None:
+    /// the embedded default).
+    pub fn load(&self) -> Result<(Config, Option<PathBuf>), ConfigError> {
+        let default = Path::new(DEFAULT_CONFIG_PATH);
+        match self {
+            Source::File(p) => Ok((Config::load(p)?, Some(p.clone()))),
+            Source::Default if default.exists() => {
+                Ok((Config::load(default)?, Some(default.to_owned())))
+            }
+            Source::Default => Ok((Config::embedded(), None)),
+        }
+    }
+}
 
 impl Config {
     /// Reads and validates `path`.

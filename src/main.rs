@@ -34,6 +34,10 @@ struct Cli {
     /// Requests served at once; more get 503 at once. 0: no limit.
     #[arg(long = "web.max-requests", value_name = "N", default_value_t = web::DEFAULT_MAX_REQUESTS)]
     web_max_requests: usize,
+    /// Enable the lifecycle endpoint: POST or PUT /-/reload re-reads the configuration
+    /// (as SIGHUP does). Off by default, as in Prometheus.
+    #[arg(long = "web.enable-lifecycle")]
+    web_enable_lifecycle: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long = "log.level", value_name = "LEVEL", default_value = "info")]
     log_level: tracing::Level,
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
             let web = WebArgs {
                 config_file: cli.web_config_file.as_deref(),
                 max_requests: cli.web_max_requests,
+                lifecycle: cli.web_enable_lifecycle,
             };
             let roots = Roots {
                 proc_root: cli.procfs,
@@ -142,6 +147,7 @@ fn check_config(file: &Path) -> ExitCode {
 struct WebArgs<'a> {
     config_file: Option<&'a Path>,
     max_requests: usize,
+    lifecycle: bool,
 }
 
 fn run_agent(
@@ -150,24 +156,21 @@ fn run_agent(
     web: WebArgs,
     roots: Roots,
 ) -> anyhow::Result<()> {
-    let default = Path::new(config::DEFAULT_CONFIG_PATH);
-    let config = match config {
-        Some(p) => {
-            let c = Config::load(p)?;
-            info!(file = %p.display(), "configuration loaded");
+    let source = match config {
+        Some(p) => config::Source::File(p.to_owned()),
+        None => config::Source::Default,
+    };
+    let config = match source.load()? {
+        (c, Some(file)) => {
+            info!(file = %file.display(), "configuration loaded");
             c
         }
-        None if default.exists() => {
-            let c = Config::load(default)?;
-            info!(file = %default.display(), "configuration loaded");
-            c
-        }
-        None => {
+        (c, None) => {
             info!(
                 "no --config and no {}: running the embedded default (probe /var/tmp, listen on 127.0.0.1:19858)",
-                default.display()
+                config::DEFAULT_CONFIG_PATH
             );
-            Config::embedded()
+            c
         }
     };
     let listen = match listen {
@@ -192,5 +195,12 @@ fn run_agent(
         max_requests: web.max_requests,
         ..web::Limits::default()
     };
-    agent::run(config, listen, roots, web_config, limits)
+    let options = agent::Options {
+        listen,
+        roots,
+        web: web_config,
+        limits,
+        lifecycle: web.lifecycle,
+    };
+    agent::run(config, source, options)
 }

@@ -9,33 +9,39 @@ use std::time::SystemTime;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use tower_http::compression::CompressionLayer;
 
 use crate::metrics;
-use crate::probe::{State as TargetState, TargetShared};
+use crate::probe::{State as TargetState, Targets};
 use crate::stalls::StallLog;
 
 /// Events listed on the landing page; `/api/stalls` has them all.
 const PAGE_EVENTS: usize = 50;
 
+/// Re-reads the configuration: what changed, or why the file was refused. Blocking.
+pub type ReloadFn = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
 /// What the handlers read.
 pub struct App {
     pub registry: prometheus::Registry,
     pub stalls: Arc<StallLog>,
-    pub targets: Vec<Arc<TargetShared>>,
+    pub targets: Arc<Targets>,
     pub telemetry_path: String,
+    /// `--web.enable-lifecycle`: what `POST /-/reload` calls; None when off.
+    pub reload: Option<ReloadFn>,
 }
 
-/// The router over `state`. Only GET and HEAD are routed: other methods get 405,
-/// unknown paths 404.
+/// The router over `state`. Only GET and HEAD are routed, and POST/PUT to `/-/reload`:
+/// other methods get 405, unknown paths 404.
 pub fn app(state: Arc<App>) -> Router {
     Router::new()
         .route(&state.telemetry_path.clone(), get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/", get(index))
         .route("/api/stalls", get(stalls))
+        .route("/-/reload", post(reload).put(reload))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         // The fastest level: a scrape is ~100 KB of repetitive text, which it still
         // shrinks about tenfold, at half the CPU time of the default level.
@@ -56,6 +62,29 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         metrics::encode(&app.registry),
     )
         .into_response()
+}
+
+/// `POST /-/reload`: as Prometheus, 403 unless `--web.enable-lifecycle`; the reload runs
+/// off the runtime's thread.
+async fn reload(State(app): State<Arc<App>>) -> Response {
+    let Some(f) = app.reload.clone() else {
+        return (StatusCode::FORBIDDEN, "Lifecycle API is not enabled.\n").into_response();
+    };
+    match tokio::task::spawn_blocking(move || f()).await {
+        Ok(Ok(changes)) => (
+            StatusCode::OK,
+            format!("configuration reloaded: {changes}\n"),
+        ),
+        Ok(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to reload config: {e}\n"),
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reload did not complete: {e}\n"),
+        ),
+    }
+    .into_response()
 }
 
 async fn stalls(State(app): State<Arc<App>>) -> Response {
@@ -99,7 +128,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
          <th>since</th><th>mount</th><th>in flight now</th><th>last success</th></tr>",
         env!("CARGO_PKG_VERSION")
     );
-    for t in &app.targets {
+    for t in app.targets.current().iter() {
         let st = t.status();
         let class = if st.state.label() == "up" {
             "up"

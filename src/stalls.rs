@@ -227,6 +227,28 @@ impl StallLog {
         }
     }
 
+    /// Forgets a target no longer probed: its stall series and its devices. Its events
+    /// stay in the ring, as history; one still ongoing ends now, since nothing will
+    /// report its call's return.
+    pub fn remove_target(&self, target: usize, name: &str, ops: &[(Mode, Op)]) {
+        for &(mode, op) in ops {
+            let _ = self
+                .stalls
+                .remove_label_values(&[name, mode.as_str(), op.as_str()]);
+        }
+        let mut inner = lock(&self.inner);
+        inner.devices.remove(&target);
+        for ev in inner
+            .events
+            .iter_mut()
+            .filter(|e| e.ongoing && e.target == name)
+        {
+            ev.ongoing = false;
+            ev.duration_seconds = ev.started.elapsed().as_secs_f64();
+            ev.error = Some("target removed by a reload while the call was blocked".into());
+        }
+    }
+
     /// How many stalls of `name`'s `mode` `op` were counted.
     pub fn count_of(&self, name: &str, mode: Mode, op: Op) -> u64 {
         self.stalls

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::probe::TargetShared;
+use crate::probe::Targets;
 use crate::stalls::{LaneKey, StallLog};
 use crate::sync::Shutdown;
 
@@ -17,22 +17,24 @@ pub const MIN_SLEEP: Duration = Duration::from_millis(1);
 pub const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Runs until shutdown.
-pub fn run(targets: Vec<Arc<TargetShared>>, stalls: Arc<StallLog>, shutdown: Arc<Shutdown>) {
+pub fn run(targets: Arc<Targets>, stalls: Arc<StallLog>, shutdown: Arc<Shutdown>) {
     // When to look next: at the exact moment an operation in flight would cross its
     // threshold, at a running cycle's next due time (to count the skip live), and
     // otherwise after the smallest threshold: an operation that starts just after a
     // look is then seen in flight before it can cross, and its crossing is scheduled
     // exactly. Idle, the agent wakes once per threshold, not many times a second.
-    let idle = targets
-        .iter()
-        .map(|t| t.target.stall_threshold)
-        .min()
-        .unwrap_or(MAX_SLEEP)
-        .clamp(MIN_SLEEP, MAX_SLEEP);
     loop {
+        // Read again at every look: a reload may have changed the targets.
+        let targets = targets.current();
+        let idle = targets
+            .iter()
+            .map(|t| t.target.stall_threshold)
+            .min()
+            .unwrap_or(MAX_SLEEP)
+            .clamp(MIN_SLEEP, MAX_SLEEP);
         let now = Instant::now();
         let mut wake = now + idle;
-        for t in &targets {
+        for t in targets.iter() {
             let threshold = t.target.stall_threshold;
             for lane in &t.lanes {
                 if let Some(due) = lane.count_overdue(t.target.interval) {

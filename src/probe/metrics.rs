@@ -2,7 +2,8 @@
 //! cycles, skips, target state, and the in-flight age computed at scrape time. Names are
 //! contract (SPEC "Metrics"); the dashboard and the alert rules depend on them.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use prometheus::core::{Collector, Desc};
@@ -11,10 +12,11 @@ use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
-use super::TargetShared;
+use super::Targets;
 use crate::config::{Mode, Target};
 use crate::mounts::Mount;
 use crate::op::{Failure, Op};
+use crate::sync::lock;
 
 /// Latency buckets from 25 µs (a cached metadata op on NVMe) to 300 s (the longest
 /// writeback stalls reported on RAID): roughly 1-2.5-5 per decade.
@@ -53,6 +55,9 @@ pub struct ProbeMetrics {
     last_success: GaugeVec,
     lane_up: IntGaugeVec,
     lane_skipped: IntCounterVec,
+    /// The (target, mode, op, errno) series of `errors` created so far: errno values
+    /// are not known in advance, and a retired target's series must all go.
+    error_series: Mutex<BTreeSet<[String; 4]>>,
 }
 
 fn register<M: Collector + Clone + 'static>(r: &Registry, m: prometheus::Result<M>) -> M {
@@ -169,7 +174,45 @@ impl ProbeMetrics {
                     &["target", "mode", "reason"],
                 ),
             ),
+            error_series: Mutex::default(),
         }
+    }
+
+    /// Removes every series of a target no longer probed (after a reload), so its last
+    /// values do not linger in every scrape.
+    pub(super) fn remove_target(&self, t: &Target, ops: &[(Mode, Op)], mount: Option<&Mount>) {
+        let name = t.name.as_str();
+        for &(mode, op) in ops {
+            let _ = self
+                .duration
+                .remove_label_values(&[name, mode.as_str(), op.as_str()]);
+        }
+        for &mode in &t.modes {
+            let _ = self.cycles.remove_label_values(&[name, mode.as_str()]);
+            let _ = self.lane_up.remove_label_values(&[name, mode.as_str()]);
+            for &reason in <SkipReason as strum::VariantArray>::VARIANTS {
+                let _ =
+                    self.lane_skipped
+                        .remove_label_values(&[name, mode.as_str(), reason.as_str()]);
+            }
+        }
+        for &reason in <SkipReason as strum::VariantArray>::VARIANTS {
+            let _ = self.skipped.remove_label_values(&[name, reason.as_str()]);
+        }
+        lock(&self.error_series).retain(|labels| {
+            let ours = labels[0] == name;
+            if ours {
+                let _ = self
+                    .errors
+                    .remove_label_values(&labels.each_ref().map(String::as_str));
+            }
+            !ours
+        });
+        for family in [&self.up, &self.read_only] {
+            let _ = family.remove_label_values(&[name]);
+        }
+        let _ = self.last_success.remove_label_values(&[name]);
+        self.set_mount(t, mount, None);
     }
 
     /// Creates a target's series, so alerts and `rate()` see them from the first scrape.
@@ -218,9 +261,9 @@ impl ProbeMetrics {
     }
 
     pub(super) fn failed(&self, target: &str, mode: Mode, op: Op, failure: Failure) {
-        self.errors
-            .with_label_values(&[target, mode.as_str(), op.as_str(), failure.label()])
-            .inc();
+        let labels = [target, mode.as_str(), op.as_str(), failure.label()];
+        self.errors.with_label_values(&labels).inc();
+        lock(&self.error_series).insert(labels.map(str::to_owned));
     }
 
     pub(super) fn cycle_done(&self, target: &str, mode: Mode) {
@@ -304,8 +347,8 @@ impl ProbeMetrics {
     }
 }
 
-/// Registers `stallwatch_probe_inflight_seconds` for `targets`.
-pub fn register_inflight(r: &Registry, targets: Vec<Arc<TargetShared>>) {
+/// Registers `stallwatch_probe_inflight_seconds` for the targets probed at each scrape.
+pub fn register_inflight(r: &Registry, targets: Arc<Targets>) {
     r.register(Box::new(Inflight::new(targets)))
         .expect("registered once");
 }
@@ -313,7 +356,7 @@ pub fn register_inflight(r: &Registry, targets: Vec<Arc<TargetShared>>) {
 /// `stallwatch_probe_inflight_seconds`, computed at scrape time from each target's
 /// in-flight slot, so the age grows live while the call is blocked in the kernel.
 struct Inflight {
-    targets: Vec<Arc<TargetShared>>,
+    targets: Arc<Targets>,
     desc: Desc,
 }
 
@@ -322,7 +365,7 @@ impl Inflight {
     const HELP: &'static str = "Age of the probe operation in flight right now, 0 when none; \
         computed at scrape time, so it grows while the call is blocked in the kernel.";
 
-    fn new(targets: Vec<Arc<TargetShared>>) -> Inflight {
+    fn new(targets: Arc<Targets>) -> Inflight {
         let desc = Desc::new(
             Self::NAME.into(),
             Self::HELP.into(),
@@ -350,7 +393,7 @@ impl Collector for Inflight {
             l
         };
         let mut metrics = Vec::new();
-        for t in &self.targets {
+        for t in self.targets.current().iter() {
             let now = t.in_flight();
             // Set-up (op="prepare") can block too: show it, so a stuck probe is never
             // invisible.

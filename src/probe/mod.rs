@@ -12,7 +12,7 @@ mod metrics;
 pub mod ops;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::errno::Errno;
@@ -120,6 +120,33 @@ pub struct TargetShared {
     pub lanes: Vec<Lane>,
     status: Mutex<Status>,
     mount: Mutex<MountCheck>,
+    /// Stops this target's lanes: at shutdown, or when a reload removes or changes it.
+    stop: Shutdown,
+}
+
+/// The targets probed now, replaced whole when a reload changes them. Readers (the
+/// watchdog, a scrape, the landing page) take a snapshot under a lock held for a clone
+/// of one `Arc`, never across a system call.
+#[derive(Default)]
+pub struct Targets {
+    now: RwLock<Arc<Vec<Arc<TargetShared>>>>,
+}
+
+impl Targets {
+    pub fn new(targets: Vec<Arc<TargetShared>>) -> Targets {
+        Targets {
+            now: RwLock::new(Arc::new(targets)),
+        }
+    }
+
+    /// The targets probed right now.
+    pub fn current(&self) -> Arc<Vec<Arc<TargetShared>>> {
+        Arc::clone(&self.now.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn replace(&self, targets: Vec<Arc<TargetShared>>) {
+        *self.now.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(targets);
+    }
 }
 
 impl TargetShared {
@@ -181,8 +208,24 @@ impl TargetShared {
                 canon: None,
                 expected: None,
             }),
+            stop: Shutdown::default(),
             target,
         }
+    }
+
+    /// Tells the lanes to stop: each finishes the cycle it is in (a call blocked in the
+    /// kernel cannot be interrupted), removes its files and ends.
+    pub fn stop(&self) {
+        self.stop.trigger();
+    }
+
+    /// Removes the target's series, once it is no longer probed.
+    pub fn retire(&self, ctx: &Context) {
+        let mount = lock(&self.status).mount.clone();
+        ctx.metrics
+            .remove_target(&self.target, &self.ops, mount.as_ref());
+        ctx.stalls
+            .remove_target(self.index, &self.target.name, &self.ops);
     }
 
     pub fn status(&self) -> Status {
@@ -386,7 +429,6 @@ impl Lane {
 pub struct Context {
     pub metrics: Arc<ProbeMetrics>,
     pub stalls: Arc<StallLog>,
-    pub shutdown: Arc<Shutdown>,
     /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
     pub roots: Roots,
 }
@@ -406,6 +448,10 @@ impl Observer for Recorder<'_> {
 
     fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>) {
         self.lane.inflight.end();
+        if self.target.stop.is_set() {
+            // Removed by a reload (its series are gone) or shutting down: record nothing.
+            return;
+        }
         let t = &self.target.target;
         if failure.is_none() && op != Op::Prepare {
             self.ctx.metrics.observe(&t.name, mode, op, elapsed);
@@ -466,7 +512,7 @@ impl Worker {
         let interval = self.target.target.interval;
         loop {
             let due = lock(&self.lane().sched).next_due;
-            if self.ctx.shutdown.sleep_until(due) {
+            if self.target.stop.sleep_until(due) {
                 break;
             }
             {
@@ -542,6 +588,10 @@ impl Worker {
                 context: e.context,
             }),
         };
+        if target.stop.is_set() {
+            // Removed by a reload while this cycle ran: its series are gone.
+            return;
+        }
         m.cycle_done(name, mode);
         let outcome = match &result {
             Ok(()) => Outcome::Ok,
@@ -652,7 +702,6 @@ mod tests {
         let ctx = Arc::new(Context {
             metrics,
             stalls: Arc::new(StallLog::new(4, &registry)),
-            shutdown: Arc::new(Shutdown::default()),
             roots,
         });
         let w = (0..shared.lanes.len())

@@ -1,0 +1,211 @@
+//! The targets being probed and their lane threads: started at launch, changed in place
+//! by a reload (unchanged targets keep their lanes, histograms and stall log), stopped at
+//! shutdown. Nothing here waits on a probe: a lane blocked in the kernel is told to stop
+//! and left to finish on its own.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tracing::{info, warn};
+
+use crate::config::Target;
+use crate::probe::{Context, TargetShared, Targets, Worker};
+
+/// How long a reload gives the lanes of a removed target to finish their cycle before
+/// their series are removed; a lane blocked longer records nothing when it returns.
+const RETIRE_GRACE: Duration = Duration::from_secs(1);
+
+/// What a reload changed, by target name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub unchanged: usize,
+}
+
+impl std::fmt::Display for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.join(",")
+            }
+        };
+        write!(
+            f,
+            "added {}; removed {}; changed {}; {} unchanged",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.changed),
+            self.unchanged
+        )
+    }
+}
+
+/// Owns the lane threads of every target, current and retired.
+pub struct Supervisor {
+    ctx: Arc<Context>,
+    targets: Arc<Targets>,
+    threads: Vec<(Arc<TargetShared>, usize, JoinHandle<()>)>,
+    next_index: usize,
+    next_lane: usize,
+}
+
+impl Supervisor {
+    pub fn new(ctx: Arc<Context>) -> Supervisor {
+        Supervisor {
+            ctx,
+            targets: Arc::new(Targets::default()),
+            threads: Vec::new(),
+            next_index: 0,
+            next_lane: 0,
+        }
+    }
+
+    /// The set the watchdog, the scrape and the landing page read.
+    pub fn targets(&self) -> Arc<Targets> {
+        Arc::clone(&self.targets)
+    }
+
+    /// Makes `wanted` the probed targets, in that order. A target whose settings are
+    /// all the same keeps running untouched; a new one starts; a removed one stops; a
+    /// changed one (same name, other settings) is stopped and started anew.
+    pub fn apply(&mut self, wanted: &[Target]) -> anyhow::Result<Changes> {
+        let old = self.targets.current();
+        let mut changes = Changes::default();
+        let mut next = Vec::with_capacity(wanted.len());
+        for t in wanted {
+            match old.iter().find(|o| o.target.name == t.name) {
+                Some(o) if o.target == *t => {
+                    changes.unchanged += 1;
+                    next.push(Arc::clone(o));
+                }
+                found => {
+                    if found.is_some() {
+                        changes.changed.push(t.name.clone());
+                    } else if !old.is_empty() {
+                        changes.added.push(t.name.clone());
+                    }
+                    next.push(self.create(t.clone()));
+                }
+            }
+        }
+        let gone: Vec<Arc<TargetShared>> = old
+            .iter()
+            .filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o)))
+            .cloned()
+            .collect();
+        for o in &gone {
+            if !wanted.iter().any(|t| t.name == o.target.name) {
+                changes.removed.push(o.target.name.clone());
+            }
+            o.stop();
+        }
+        self.retire(&gone);
+        // Probed from now on: the new targets' series exist before their lanes start.
+        self.targets.replace(next.clone());
+        for t in next
+            .iter()
+            .filter(|n| !old.iter().any(|o| Arc::ptr_eq(n, o)))
+        {
+            self.spawn(t)?;
+        }
+        Ok(changes)
+    }
+
+    fn create(&mut self, t: Target) -> Arc<TargetShared> {
+        info!(target = %t.name, path = %t.path.display(), interval = ?t.interval,
+            modes = ?t.modes.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            size = t.size, sync = t.sync.as_str(), stall_threshold = ?t.stall_threshold,
+            require_mountpoint = t.require_mountpoint, "target configured");
+        let shared = TargetShared::new(
+            self.next_index,
+            t,
+            self.next_lane,
+            &self.ctx.metrics,
+            &self.ctx.roots,
+        );
+        self.next_index += 1;
+        self.next_lane += shared.lanes.len();
+        Arc::new(shared)
+    }
+
+    /// One thread per lane: targets x modes, whatever happens to the probed filesystems.
+    fn spawn(&mut self, t: &Arc<TargetShared>) -> anyhow::Result<()> {
+        for (i, lane) in t.lanes.iter().enumerate() {
+            let worker = Worker::new(Arc::clone(t), i, Arc::clone(&self.ctx));
+            // Thread names are cut at 15 bytes: the target's number and the mode.
+            let h = std::thread::Builder::new()
+                .name(format!("p{}-{}", t.index, lane.mode))
+                .spawn(move || worker.run())
+                .context("spawning a probe lane")?;
+            self.threads.push((Arc::clone(t), i, h));
+        }
+        Ok(())
+    }
+
+    /// Waits a moment for the lanes of stopped targets, then removes their series.
+    fn retire(&mut self, gone: &[Arc<TargetShared>]) {
+        if gone.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + RETIRE_GRACE;
+        let running = |s: &Self| {
+            s.threads
+                .iter()
+                .any(|(t, _, h)| !h.is_finished() && gone.iter().any(|g| Arc::ptr_eq(g, t)))
+        };
+        while running(self) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for t in gone {
+            t.retire(&self.ctx);
+        }
+        self.reap();
+    }
+
+    /// Joins the lanes that have ended.
+    fn reap(&mut self) {
+        let (done, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.threads)
+            .into_iter()
+            .partition(|(_, _, h)| h.is_finished());
+        for (_, _, h) in done {
+            let _ = h.join();
+        }
+        self.threads = rest;
+    }
+
+    /// Stops every lane and waits for them. A thread blocked in the kernel (a frozen
+    /// filesystem, a hung device) cannot be interrupted; say which target holds it,
+    /// every few seconds.
+    pub fn shutdown(mut self) {
+        for t in self.targets.current().iter() {
+            t.stop();
+        }
+        let mut next_log = Instant::now();
+        loop {
+            self.reap();
+            if self.threads.is_empty() {
+                return;
+            }
+            if Instant::now() >= next_log {
+                for (t, i, _) in &self.threads {
+                    let lane = &t.lanes[*i];
+                    match lane.inflight.current() {
+                        Some(op) => warn!(target = %t.target.name, path = %t.target.path.display(),
+                            mode = %op.mode, op = %op.op, blocked_seconds = op.age.as_secs_f64(),
+                            "waiting to exit: probe blocked in the kernel; it cannot be interrupted, not even by SIGKILL"),
+                        None => info!(target = %t.target.name, mode = %lane.mode,
+                            "waiting for probe thread to finish"),
+                    }
+                }
+                next_log = Instant::now() + Duration::from_secs(5);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
