@@ -76,42 +76,45 @@ impl Supervisor {
     /// changed one (same name, other settings) is stopped and started anew.
     pub fn apply(&mut self, wanted: &[Target]) -> anyhow::Result<Changes> {
         let old = self.targets.current();
+        let kept = |t: &Target| old.iter().find(|o| o.target == *t).cloned();
         let mut changes = Changes::default();
-        let mut next = Vec::with_capacity(wanted.len());
-        for t in wanted {
-            match old.iter().find(|o| o.target.name == t.name) {
-                Some(o) if o.target == *t => {
-                    changes.unchanged += 1;
-                    next.push(Arc::clone(o));
-                }
-                found => {
-                    if found.is_some() {
-                        changes.changed.push(t.name.clone());
-                    } else if !old.is_empty() {
-                        changes.added.push(t.name.clone());
-                    }
-                    next.push(self.create(t.clone()));
-                }
-            }
-        }
+        // Stopped and their series removed first: a changed target's new series have the
+        // same names.
         let gone: Vec<Arc<TargetShared>> = old
             .iter()
-            .filter(|o| !next.iter().any(|n| Arc::ptr_eq(n, o)))
+            .filter(|o| !wanted.contains(&o.target))
             .cloned()
             .collect();
         for o in &gone {
-            if !wanted.iter().any(|t| t.name == o.target.name) {
+            if wanted.iter().any(|t| t.name == o.target.name) {
+                changes.changed.push(o.target.name.clone());
+            } else {
                 changes.removed.push(o.target.name.clone());
             }
             o.stop();
         }
         self.retire(&gone);
+        let mut next = Vec::with_capacity(wanted.len());
+        let mut started = Vec::new();
+        for t in wanted {
+            match kept(t) {
+                Some(o) => {
+                    changes.unchanged += 1;
+                    next.push(o);
+                }
+                None => {
+                    if !old.is_empty() && !changes.changed.contains(&t.name) {
+                        changes.added.push(t.name.clone());
+                    }
+                    let n = self.create(t.clone());
+                    started.push(Arc::clone(&n));
+                    next.push(n);
+                }
+            }
+        }
         // Probed from now on: the new targets' series exist before their lanes start.
-        self.targets.replace(next.clone());
-        for t in next
-            .iter()
-            .filter(|n| !old.iter().any(|o| Arc::ptr_eq(n, o)))
-        {
+        self.targets.replace(next);
+        for t in &started {
             self.spawn(t)?;
         }
         Ok(changes)
@@ -207,5 +210,106 @@ impl Supervisor {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mode, SyncKind};
+    use crate::kernfs::Roots;
+    use crate::probe::ProbeMetrics;
+    use crate::stalls::StallLog;
+    use prometheus::Registry;
+    use std::path::Path;
+
+    fn target(name: &str, path: &Path, interval_ms: u64) -> Target {
+        Target {
+            name: name.into(),
+            path: path.to_owned(),
+            interval: Duration::from_millis(interval_ms),
+            modes: vec![Mode::Create, Mode::Overwrite],
+            size: 4096,
+            sync: SyncKind::Fsync,
+            require_mountpoint: false,
+            stall_threshold: Duration::from_secs(60),
+            rotate_size: 1 << 20,
+        }
+    }
+
+    /// The targets that have a series of `family`.
+    fn targets_of(r: &Registry, family: &str) -> Vec<String> {
+        let mut names: Vec<String> = r
+            .gather()
+            .iter()
+            .filter(|f| f.name() == family)
+            .flat_map(|f| f.get_metric().to_vec())
+            .filter_map(|m| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == "target")
+                    .map(|l| l.value().to_owned())
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn a_reload_keeps_unchanged_targets_and_replaces_the_series_of_the_others() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let r = Registry::new();
+        let ctx = Arc::new(Context {
+            metrics: Arc::new(ProbeMetrics::new(&r)),
+            stalls: Arc::new(StallLog::new(4, &r)),
+            roots: Roots::default(),
+        });
+        let mut s = Supervisor::new(ctx);
+        let (a, b, c) = (dirs[0].path(), dirs[1].path(), dirs[2].path());
+        let first = s
+            .apply(&[target("a", a, 100), target("b", b, 100)])
+            .unwrap();
+        assert_eq!(first.unchanged, 0);
+        let a_before = Arc::clone(&s.targets().current()[0]);
+
+        let changes = s
+            .apply(&[
+                target("a", a, 100),
+                target("b", b, 200),
+                target("c", c, 100),
+            ])
+            .unwrap();
+        assert_eq!(
+            changes,
+            Changes {
+                added: vec!["c".into()],
+                removed: vec![],
+                changed: vec!["b".into()],
+                unchanged: 1,
+            }
+        );
+        let now = s.targets().current();
+        assert!(Arc::ptr_eq(&now[0], &a_before), "a kept its lanes");
+        assert_eq!(now[1].target.interval, Duration::from_millis(200));
+        // The changed target's series were removed before its new ones were created.
+        for family in [
+            "stallwatch_stalls_total",
+            "stallwatch_probes_total",
+            "stallwatch_target_up",
+        ] {
+            assert_eq!(targets_of(&r, family), ["a", "b", "c"], "{family}");
+        }
+
+        let changes = s.apply(&[target("c", c, 100)]).unwrap();
+        assert_eq!(changes.removed, ["a", "b"]);
+        assert_eq!(targets_of(&r, "stallwatch_target_up"), ["c"]);
+        // Within the grace a reload gives them, the removed lanes ended and cleaned up.
+        assert!(
+            !a.join(".stallwatch").exists(),
+            "a removed target's lanes clean up"
+        );
+        s.shutdown();
+        assert!(!c.join(".stallwatch").exists(), "cleaned up at shutdown");
     }
 }
