@@ -405,6 +405,24 @@ fn create_new(t: &mut Timer<'_>, dir: &ProbeDir, name: &str) -> Result<OwnedFd, 
     )
 }
 
+/// The size of an opened probe file, after checking it is a regular file with one link
+/// (a planted hard link or device is refused). statx asks for type, links and size only:
+/// asking for the timestamps (as fstat does) marks them queried, and on Linux 6.13+
+/// multigrain timestamps then make the timed write update mtime and the flush write the
+/// inode, inflating the very latency we measure.
+fn own_file_size(fd: &OwnedFd) -> Result<u64, Failure> {
+    let st = statx(
+        fd.as_fd(),
+        StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
+    )
+    .map_err(errno)?;
+    let regular = FileType::from_raw_mode(st.stx_mode.into()) == FileType::RegularFile;
+    if !regular || st.stx_nlink != 1 {
+        return Err(Failure::UnsafeDir);
+    }
+    Ok(st.stx_size)
+}
+
 /// Opens (creating and preallocating if needed) a data file of at least `size` bytes.
 fn open_prealloc(
     t: &mut Timer<'_>,
@@ -424,20 +442,7 @@ fn open_prealloc(
                 FileMode::S_IRUSR | FileMode::S_IWUSR,
             )
             .map_err(errno)?;
-            // statx for type, links and size only: asking for the timestamps (as fstat
-            // does) marks them queried, and on Linux 6.13+ multigrain timestamps then make
-            // the timed write update mtime and the flush write the inode, inflating the
-            // very latency we measure.
-            let st = statx(
-                fd.as_fd(),
-                StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
-            )
-            .map_err(errno)?;
-            let regular = FileType::from_raw_mode(st.stx_mode.into()) == FileType::RegularFile;
-            if !regular || st.stx_nlink != 1 {
-                return Err(Failure::UnsafeDir);
-            }
-            if st.stx_size < size {
+            if own_file_size(&fd)? < size {
                 // Preallocate with real data: the timed writes then overwrite allocated
                 // blocks, as a database rewriting its pages does.
                 write_all_at(&fd, &vec![0u8; size as usize])?;
@@ -630,17 +635,8 @@ fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<Owned
         || format!("open {APPEND_FILE}"),
         || {
             let fd = openat(&dir.fd, APPEND_FILE, append | OFlag::O_CREAT, mode).map_err(errno)?;
-            // Size only, no timestamps: see open_prealloc.
-            let st = statx(
-                fd.as_fd(),
-                StatxFlags::TYPE | StatxFlags::NLINK | StatxFlags::SIZE,
-            )
-            .map_err(errno)?;
-            let regular = FileType::from_raw_mode(st.stx_mode.into()) == FileType::RegularFile;
-            if !regular || st.stx_nlink != 1 {
-                return Err(Failure::UnsafeDir);
-            }
-            Ok((fd, st.stx_size))
+            let len = own_file_size(&fd)?;
+            Ok((fd, len))
         },
     )?;
     if len == 0 || len + spec.size <= spec.rotate_size {
