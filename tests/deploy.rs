@@ -442,6 +442,8 @@ const KNOWN_METRICS: &[&str] = &[
     // lanes (issue 11):
     "stallwatch_lane_up",
     "stallwatch_lane_skipped_total",
+    // the memory lock (issue 14):
+    "stallwatch_memory_locked",
 ];
 
 /// Metrics the issue asks the dashboard to show.
