@@ -762,6 +762,15 @@ impl Agent {
     /// Like [`Agent::start_with_args`], running the binary at `bin` (e.g. a copy of
     /// [`AGENT_BIN`] on a test filesystem).
     pub fn start_bin(bin: &Path, config_yaml: &str, extra_args: &[&str]) -> Agent {
+        Agent::start_cmd(Command::new(bin), config_yaml, extra_args)
+    }
+
+    /// Like [`Agent::start_with_args`], with `cmd` as the start of the command line: a
+    /// program and its leading arguments (e.g. `systemd-socket-activate -l ADDR BIN`),
+    /// perhaps a `pre_exec`. `--config` (and, unless `--web.systemd-socket` or
+    /// `--web.listen-address` is among `extra_args`, `--web.listen-address 127.0.0.1:0`)
+    /// and `extra_args` follow.
+    pub fn start_cmd(mut cmd: Command, config_yaml: &str, extra_args: &[&str]) -> Agent {
         let dir = tempfile::Builder::new()
             .prefix("stallwatch-agent-")
             .tempdir()
@@ -774,11 +783,10 @@ impl Agent {
                 .iter()
                 .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
         };
-        let mut cmd = Command::new(bin);
         if !has("--config") {
             cmd.arg("--config").arg(&config_path);
         }
-        if !has("--web.listen-address") {
+        if !has("--web.listen-address") && !has("--web.systemd-socket") {
             cmd.arg("--web.listen-address").arg("127.0.0.1:0");
         }
         cmd.args(extra_args)
@@ -788,7 +796,7 @@ impl Agent {
         eprintln!("[harness] starting {cmd:?}");
         let mut child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let pid = child.id();
 
         let logs = Arc::new(Mutex::new(Vec::new()));
