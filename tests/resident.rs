@@ -40,6 +40,9 @@ const PATHS: &[&str] = &[
     "/metrics",
 ];
 
+/// A path asked and its status and time, or why there was no answer.
+type Answer = (String, Result<(u16, Duration), String>);
+
 fn vm_lck_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -137,7 +140,7 @@ fn config(target: &Path) -> String {
 
 /// One request per path on a fresh connection; after `give_up` consecutive transport
 /// failures (timeouts) the rest are not tried: the agent's one HTTP thread is stuck.
-fn ask(agent: &Agent, give_up: usize) -> Vec<(String, Result<(u16, Duration), String>)> {
+fn ask(agent: &Agent, give_up: usize) -> Vec<Answer> {
     let client: ureq::Agent = client_config()
         .timeout_global(Some(CLIENT_TIMEOUT))
         .max_idle_connections(0)
@@ -158,7 +161,7 @@ fn ask(agent: &Agent, give_up: usize) -> Vec<(String, Result<(u16, Duration), St
     out
 }
 
-fn print(what: &str, results: &[(String, Result<(u16, Duration), String>)]) {
+fn print(what: &str, results: &[Answer]) {
     eprintln!("== {what}");
     for (path, r) in results {
         match r {
@@ -273,7 +276,7 @@ fn locked_agent_answers_while_its_binary_disk_crawls() {
         let expect = if path == "/no-such-path" { 404 } else { 200 };
         assert_eq!(*status, expect, "locked agent, GET {path}");
     }
-    let slowest = |rs: &[(String, Result<(u16, Duration), String>)]| {
+    let slowest = |rs: &[Answer]| {
         rs.iter()
             .map(|(_, r)| r.as_ref().map_or(CLIENT_TIMEOUT, |(_, d)| *d))
             .max()
