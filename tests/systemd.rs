@@ -245,8 +245,23 @@ impl Booted {
             std::fs::create_dir(d).unwrap();
         }
         let log = std::fs::File::create(dir.path().join("systemd.log")).unwrap();
-        let unshare = Command::new("unshare")
+        let mut cmd = Command::new("unshare");
+        // If this test process dies without its guards (SIGKILL, a timeout), unshare gets
+        // SIGKILL, and unshare's --kill-child takes systemd, the PID namespace's init,
+        // and with it everything inside: no systemd is left running.
+        // SAFETY: prctl only, async-signal-safe, between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt as _;
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let unshare = cmd
             .args([
+                "--kill-child",
                 "--pid",
                 "--fork",
                 "--mount",
@@ -637,6 +652,71 @@ fn debian_package_under_real_systemd() {
         t0.elapsed().as_secs_f64()
     );
     assert!(service_mounts().contains(raid.dev()));
+
+    // The README's warning, shown: a drop-in naming the probe directory instead of the
+    // mount point makes systemd bind-mount it inside the service, and that bind mount
+    // keeps the filesystem there after the host lets go of it.
+    let dropin = "/etc/systemd/system/stallwatch.service.d/mounts.conf";
+    sys.sh_ok(
+        60,
+        &format!(
+            "sed -i 's#^ReadWritePaths=/srv/raid0$#ReadWritePaths=/srv/raid0/.stallwatch#' {dropin} && \
+             grep -qx 'ReadWritePaths=/srv/raid0/.stallwatch' {dropin} && \
+             systemctl daemon-reload && systemctl restart stallwatch.service"
+        ),
+    );
+    assert!(up(1.0), "raid0 not up with the wrong drop-in");
+    let (plain, _, why) = sys.sh(30, "umount /srv/raid0");
+    if !plain {
+        // The kernel refuses while a propagated copy has a mount on it: the host can only
+        // detach it (umount -l), which leaves the service's copy in place.
+        eprintln!(
+            "wrong drop-in: host's `umount /srv/raid0` refused ({}); detaching it with umount -l",
+            why.trim()
+        );
+        sys.sh_ok(30, "umount -l /srv/raid0");
+    }
+    let host_has = sys.sh_ok(10, "grep -c ' /srv/raid0 ' /proc/self/mountinfo || true");
+    assert_eq!(
+        host_has.trim(),
+        "0",
+        "the host still has /srv/raid0 mounted"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let pinned = service_mounts();
+    let still_up = sys.metrics().and_then(|m| target_up(&m, "raid0"));
+    eprintln!(
+        "wrong drop-in (ReadWritePaths=/srv/raid0/.stallwatch): after the host's unmount the service still has [{pinned}] at /srv/raid0, target_up {still_up:?}"
+    );
+    assert!(
+        pinned.contains(raid.dev()),
+        "expected the README's pinned filesystem with the wrong drop-in; the service's /srv/raid0: [{pinned}]"
+    );
+    assert_eq!(
+        still_up,
+        Some(1.0),
+        "the agent probes the pinned filesystem and reports it up"
+    );
+    // Back to the documented drop-in: the restart drops the service's namespace (and the
+    // pinned mount with it); the filesystem is mounted again first (RequiresMountsFor=).
+    sys.sh_ok(
+        60,
+        &format!(
+            "sed -i 's#^ReadWritePaths=/srv/raid0/.stallwatch$#ReadWritePaths=/srv/raid0#' {dropin} && \
+             mount {} /srv/raid0 && systemctl daemon-reload && systemctl restart stallwatch.service",
+            raid.dev()
+        ),
+    );
+    assert!(
+        up(1.0),
+        "raid0 not up after restoring the drop-in:\n{}",
+        sys.journal("stallwatch")
+    );
+    assert_eq!(
+        service_mounts(),
+        raid.dev(),
+        "one mount of the array in the service again"
+    );
 
     // systemctl reload: ExecReload= sends SIGHUP, the configuration is re-read, the
     // process stays.
