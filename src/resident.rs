@@ -63,7 +63,6 @@ pub fn lock(enabled: bool) -> Lock {
         info!("memory lock off (--memory.lock=false): the agent's pages can be evicted and re-read from disk");
         return Lock::Off;
     }
-    one_malloc_arena();
     let outcome = mlockall(MlockAllFlags::CURRENT).and_then(|()| {
         mlockall(MlockAllFlags::CURRENT | MlockAllFlags::FUTURE | MlockAllFlags::ONFAULT)
     });
@@ -71,10 +70,12 @@ pub fn lock(enabled: bool) -> Lock {
         Ok(()) => {
             let (locked, rss) = status_kib();
             if let Some(why) = too_tight(locked) {
-                let _ = rustix::mm::munlockall();
+                unlock();
                 warn!("memory not locked: {why}");
                 return Lock::Refused(why);
             }
+            // No thread exists yet, so no arena but the main one: from here on, none.
+            one_malloc_arena();
             info!(
                 locked_kib = locked,
                 rss_kib = rss,
@@ -87,7 +88,7 @@ pub fn lock(enabled: bool) -> Lock {
             // A failed MCL_CURRENT leaves nothing locked; a failed second call leaves
             // the first one's lock on the current pages, but nothing future: undo it, so
             // the state is one of the two that are reported.
-            let _ = rustix::mm::munlockall();
+            unlock();
             let why = format!(
                 "mlockall: {e} (RLIMIT_MEMLOCK {}, address space {} KiB); running unlocked: the agent's own pages \
                  can be evicted and it may stall with the disk it watches. To allow it: LimitMEMLOCK= in the \
@@ -103,14 +104,19 @@ pub fn lock(enabled: bool) -> Lock {
     }
 }
 
-/// glibc: one malloc arena for all threads (see the module doc). Other C libraries (musl)
-/// have no per-thread arenas.
+/// glibc: one malloc arena for all threads (see the module doc). Other C libraries
+/// (musl) have no per-thread arenas.
 fn one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; called before any thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+}
+
+/// Back to an unlocked process.
+fn unlock() {
+    let _ = rustix::mm::munlockall();
 }
 
 /// `stallwatch_memory_locked`: 1 when the agent's memory is locked, 0 when not (off or
