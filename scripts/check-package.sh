@@ -51,6 +51,8 @@ for f in \
     ./usr/share/lintian/overrides/stallwatch \
     ./usr/share/doc/stallwatch/examples/config.example.yaml \
     ./usr/share/doc/stallwatch/examples/mounts.conf.example \
+    ./usr/share/doc/stallwatch/examples/stallwatch.socket \
+    ./usr/share/doc/stallwatch/examples/socket-activation.conf.example \
     ./usr/share/doc/stallwatch/examples/prometheus.yml \
     ./usr/share/doc/stallwatch/examples/stallwatch.rules.yml \
     ./usr/share/doc/stallwatch/examples/grafana-stallwatch.json
@@ -70,6 +72,13 @@ cmp config.example.yaml "$extract/root/etc/stallwatch/config.yaml" \
 "$extract/root/usr/bin/stallwatch" --version || fail "the packaged binary does not run"
 "$extract/root/usr/bin/stallwatch" check-config "$extract/root/etc/stallwatch/config.yaml" \
     || fail "the packaged config does not pass check-config"
+
+# The socket unit is an example, not an installed (and enabled) unit: installed, it would
+# hold port 19858 against the agent's own listener.
+[ ! -e "$extract/root/usr/lib/systemd/system/stallwatch.socket" ] \
+    || fail "stallwatch.socket is installed as a unit; it is an example only"
+cmp systemd/examples/stallwatch.socket "$extract/root/usr/share/doc/stallwatch/examples/stallwatch.socket" \
+    || fail "packaged socket example differs from systemd/examples/stallwatch.socket"
 
 # Control data: the config is a conffile, the user is created, the unit enabled.
 grep -qxF /etc/stallwatch/config.yaml "$extract/control/conffiles" \

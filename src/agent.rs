@@ -14,6 +14,7 @@ use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
 use crate::reload::Reloader;
+use crate::resident::{self, Lock};
 use crate::routes::{self, App};
 use crate::sampler::{Sampler, SamplerMetrics};
 use crate::stalls::StallLog;
@@ -24,12 +25,22 @@ use crate::web::{self, Limits, WebConfig};
 
 /// How the agent serves and where it reads, besides the configuration file.
 pub struct Options {
-    pub listen: SocketAddr,
+    pub listen: Listen,
     pub roots: Roots,
     pub web: WebConfig,
     pub limits: Limits,
     /// `--web.enable-lifecycle`: `POST /-/reload`.
     pub lifecycle: bool,
+    /// What `resident::lock` achieved at start-up, for `stallwatch_memory_locked`.
+    pub memory_lock: Lock,
+}
+
+/// Where the HTTP server listens.
+pub enum Listen {
+    /// Bind this address (port 0: any free port).
+    Address(SocketAddr),
+    /// `--web.systemd-socket`: the listening sockets systemd passed.
+    Sockets(Vec<std::net::TcpListener>),
 }
 
 /// Runs the agent until a signal; returns once no probe is blocked any more.
@@ -40,10 +51,12 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         web,
         limits,
         lifecycle,
+        memory_lock,
     } = options;
     let shutdown = Arc::new(Shutdown::default());
     // Each module registers the families it owns; the scrape encodes the registry.
     let registry = metrics::registry();
+    resident::register(&registry, &memory_lock);
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
     let sampler = Sampler {
         metrics: SamplerMetrics::new(&registry),
@@ -61,10 +74,27 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(listen))
-        .with_context(|| format!("cannot listen on {listen}"))?;
-    let bound = listener.local_addr()?;
+    let systemd_socket = matches!(listen, Listen::Sockets(_));
+    let listeners = match listen {
+        Listen::Address(addr) => vec![rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .with_context(|| format!("cannot listen on {addr}"))?],
+        Listen::Sockets(sockets) => {
+            let _guard = rt.enter();
+            sockets
+                .into_iter()
+                .map(|s| {
+                    s.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(s)
+                })
+                .collect::<std::io::Result<Vec<_>>>()
+                .context("using the sockets systemd passed")?
+        }
+    };
+    let bound = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<Vec<_>>>()?;
     let signals = install_signals(&rt)?;
 
     // One thread per lane (targets x modes), plus the sampler, the watchdog and the
@@ -108,8 +138,10 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         telemetry_path,
         reload,
     }));
-    info!(address = %bound, tls = web.tls_enabled(), basic_auth = web.auth_enabled(),
-        lifecycle, "listening on {bound}");
+    for addr in &bound {
+        info!(address = %addr, tls = web.tls_enabled(), basic_auth = web.auth_enabled(),
+            lifecycle, systemd_socket, "listening on {addr}");
+    }
     let (term, int, hup) = signals;
     {
         let _guard = rt.enter();
@@ -118,7 +150,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     // On the signal the listener is dropped at once (new connections are refused) and
     // open connections get `limits.shutdown_grace` to finish, not more.
     rt.block_on(web::serve(
-        listener,
+        listeners,
         app,
         web,
         limits,

@@ -1,7 +1,8 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
-//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`) → the workers
+//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`,
+//! `resident`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
@@ -16,6 +17,7 @@ pub mod op;
 pub mod probe;
 pub mod probe_cli;
 pub mod reload;
+pub mod resident;
 pub mod routes;
 pub mod sampler;
 pub mod stalls;

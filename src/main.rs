@@ -10,6 +10,7 @@ use stallwatch::agent;
 use stallwatch::config::{self, Config, ConfigError};
 use stallwatch::kernfs::{self, Roots};
 use stallwatch::probe_cli::{self, ProbeArgs};
+use stallwatch::resident;
 use stallwatch::web::{self, WebConfig, WebConfigError};
 
 /// Storage stall probe agent: times create/write/fsync on each mount point, samples
@@ -28,6 +29,10 @@ struct Cli {
     /// Address to listen on, overriding the file; port 0 picks a free port.
     #[arg(long = "web.listen-address", value_name = "ADDR")]
     listen_address: Option<String>,
+    /// Serve on the listening sockets systemd passes (socket activation: LISTEN_FDS,
+    /// LISTEN_PID) instead of binding the listen address; see stallwatch.socket.
+    #[arg(long = "web.systemd-socket", conflicts_with = "listen_address")]
+    web_systemd_socket: bool,
     /// Web configuration (exporter-toolkit format): TLS, basic auth, headers.
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
@@ -47,6 +52,12 @@ struct Cli {
     /// procfs mount point, e.g. the host's /proc mounted elsewhere in a container.
     #[arg(long = "path.procfs", value_name = "DIR", default_value = kernfs::DEFAULT_PROCFS)]
     procfs: PathBuf,
+    /// Lock the agent's memory (mlockall) so its code and heap never wait on a disk; needs
+    /// CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK (the unit's LimitMEMLOCK=). When not
+    /// allowed the agent logs a warning and runs unlocked. `--memory.lock=false` turns it off.
+    #[arg(long = "memory.lock", value_name = "BOOL", default_value_t = true,
+        action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    memory_lock: bool,
     /// sysfs mount point, e.g. the host's /sys mounted elsewhere in a container.
     #[arg(long = "path.sysfs", value_name = "DIR", default_value = kernfs::DEFAULT_SYSFS)]
     sysfs: PathBuf,
@@ -103,6 +114,20 @@ fn main() -> ExitCode {
         Some(Command::Probe(args)) => probe_cli::run(args),
         None => {
             init_logging(cli.log_level, cli.log_format);
+            // First, before any thread exists (see resident.rs).
+            let memory_lock = resident::lock(cli.memory_lock);
+            // Also before any thread: it removes LISTEN_* from the environment.
+            let sockets = match cli
+                .web_systemd_socket
+                .then(web::systemd_listeners)
+                .transpose()
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    return ExitCode::from(EXIT_INVALID);
+                }
+            };
             let web = WebArgs {
                 config_file: cli.web_config_file.as_deref(),
                 max_requests: cli.web_max_requests,
@@ -115,8 +140,10 @@ fn main() -> ExitCode {
             match run_agent(
                 cli.config.as_deref(),
                 cli.listen_address.as_deref(),
+                sockets,
                 web,
                 roots,
+                memory_lock,
             ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -153,8 +180,10 @@ struct WebArgs<'a> {
 fn run_agent(
     config: Option<&Path>,
     listen: Option<&str>,
+    sockets: Option<Vec<std::net::TcpListener>>,
     web: WebArgs,
     roots: Roots,
+    memory_lock: resident::Lock,
 ) -> anyhow::Result<()> {
     let source = match config {
         Some(p) => config::Source::File(p.to_owned()),
@@ -173,14 +202,21 @@ fn run_agent(
             c
         }
     };
-    let listen = match listen {
-        Some(a) => a.parse().map_err(|_| {
+    let listen = match (sockets, listen) {
+        (Some(sockets), _) => {
+            info!(
+                sockets = sockets.len(),
+                "--web.systemd-socket: serving on the sockets systemd passed; listen_address not used"
+            );
+            agent::Listen::Sockets(sockets)
+        }
+        (None, Some(a)) => agent::Listen::Address(a.parse().map_err(|_| {
             anyhow::Error::new(ConfigError::Invalid {
                 path: PathBuf::from("--web.listen-address"),
                 message: format!("{a:?} is not an IP:port address"),
             })
-        })?,
-        None => config.listen_address,
+        })?),
+        (None, None) => agent::Listen::Address(config.listen_address),
     };
     let web_config = match web.config_file {
         Some(p) => {
@@ -201,6 +237,7 @@ fn run_agent(
         web: web_config,
         limits,
         lifecycle: web.lifecycle,
+        memory_lock,
     };
     agent::run(config, source, options)
 }

@@ -4,10 +4,11 @@
 //! open connections. A scrape from a well-behaved client must get through while
 //! hundreds of idle or half-sent connections are open.
 //!
-//! `config` reads the file, `tls` and `client_cert` turn its TLS section into rustls
+//! `activation` takes the sockets systemd passes (`--web.systemd-socket`), `config` reads the file, `tls` and `client_cert` turn its TLS section into rustls
 //! terms, `auth` checks passwords, `limits` holds what one client may hold, and
 //! `server` runs the accept loop and each connection.
 
+mod activation;
 mod auth;
 mod client_cert;
 mod config;
@@ -15,6 +16,7 @@ mod limits;
 mod server;
 mod tls;
 
+pub use activation::{systemd_listeners, ActivationError};
 pub use config::{WebConfig, WebConfigError};
 pub use limits::{Limits, DEFAULT_MAX_REQUESTS};
 pub use server::serve;

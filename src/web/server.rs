@@ -4,7 +4,9 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -41,11 +43,11 @@ struct Gate {
     router: Router,
 }
 
-/// Serves `app` on `listener` until `shutdown` completes; then closes the listener at
-/// once, lets open connections finish for up to `limits.shutdown_grace`, and returns.
+/// Serves `app` on `listeners` (one bound address, or the sockets systemd passed) until
+/// `shutdown` completes; then closes the listeners at once, lets open connections finish for up to `limits.shutdown_grace`, and returns.
 /// Connections still open then are dropped with the runtime.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     app: Router,
     web: WebConfig,
     limits: Limits,
@@ -96,11 +98,12 @@ pub async fn serve(
     // at the signal is abandoned through this flag instead.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
+    let mut next_listener = 0;
     loop {
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
+            accepted = accept_any(&listeners, &mut next_listener) => match accepted {
                 Ok((tcp, _peer)) => {
                     let _ = tcp.set_nodelay(true);
                     if let Some(guard) = srv.conns.open(srv.limits.max_connections) {
@@ -131,9 +134,30 @@ pub async fn serve(
             }
         }
     }
-    drop(listener);
+    drop(listeners);
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(srv.limits.shutdown_grace, graceful.shutdown()).await;
+}
+
+/// The next connection on any of `listeners`. Polling starts one listener further each
+/// time, so a busy listener cannot starve the others; a poll that finds nothing
+/// registers for the wake-up.
+async fn accept_any(
+    listeners: &[TcpListener],
+    next: &mut usize,
+) -> std::io::Result<(TcpStream, SocketAddr)> {
+    std::future::poll_fn(|cx| {
+        let n = listeners.len();
+        for i in 0..n {
+            let k = (*next + i) % n;
+            if let Poll::Ready(r) = listeners[k].poll_accept(cx) {
+                *next = (k + 1) % n;
+                return Poll::Ready(r);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 impl Gate {

@@ -155,6 +155,7 @@ pub fn losetup_list() -> String {
 // ---------------------------------------------------------------------------------------
 
 const BLKIO_WRITE_BPS: &str = "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device";
+const BLKIO_READ_BPS: &str = "/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device";
 const FILL_FILE: &str = "stallwatch-test-fill";
 
 /// A scratch filesystem on a loop device, mounted at `TEMPDIR/mnt`.
@@ -178,6 +179,8 @@ pub struct LoopFs {
     mounted: bool,
     frozen: bool,
     throttled: bool,
+    /// A [`ReadThrottle`] was handed out: the drop clears the read limit too.
+    read_throttled: bool,
     read_only: bool,
     dir: Option<TempDir>,
 }
@@ -233,6 +236,7 @@ impl LoopFs {
             mounted: false,
             frozen: false,
             throttled: false,
+            read_throttled: false,
             read_only: false,
             dir: Some(dir),
         }
@@ -356,6 +360,24 @@ impl LoopFs {
         self.throttled = false;
     }
 
+    /// Limit reads from the loop device to `bps` bytes/s (cgroup-v1 blkio, root cgroup),
+    /// until the returned guard is dropped (and, as a backstop, until this `LoopFs` is).
+    /// Declare the guard after whatever reads through it (e.g. an [`Agent`] started from
+    /// this filesystem): it is dropped first, so the reader is killed and reaped after the
+    /// limit is gone, not while its page faults crawl.
+    #[must_use = "the limit is removed when the guard is dropped"]
+    pub fn throttle_read_bps(&mut self, bps: u64) -> ReadThrottle {
+        assert!(bps > 0, "drop the ReadThrottle to remove the limit");
+        assert!(self.attached);
+        self.read_throttled = true;
+        let line = format!("{} {bps}", self.maj_min);
+        write_blkio_file(BLKIO_READ_BPS, &line).unwrap_or_else(|e| panic!("{e}"));
+        ReadThrottle {
+            maj_min: self.maj_min.clone(),
+            active: true,
+        }
+    }
+
     /// `xfs_io -x -c shutdown`: the filesystem answers EIO from now on (until unmounted).
     pub fn shutdown(&mut self) {
         self.ensure_ours("shutdown");
@@ -443,6 +465,12 @@ impl LoopFs {
         if self.throttled {
             match write_blkio(&format!("{} 0", self.maj_min)) {
                 Ok(()) => self.throttled = false,
+                Err(e) => eprintln!("LoopFs drop: {e}"),
+            }
+        }
+        if self.read_throttled {
+            match write_blkio_file(BLKIO_READ_BPS, &format!("{} 0", self.maj_min)) {
+                Ok(()) => self.read_throttled = false,
                 Err(e) => eprintln!("LoopFs drop: {e}"),
             }
         }
@@ -554,8 +582,40 @@ fn valid_maj_min(s: &str) -> bool {
 }
 
 fn write_blkio(line: &str) -> Result<(), String> {
-    std::fs::write(BLKIO_WRITE_BPS, format!("{line}\n"))
-        .map_err(|e| format!("writing {line:?} to {BLKIO_WRITE_BPS}: {e}"))
+    write_blkio_file(BLKIO_WRITE_BPS, line)
+}
+
+fn write_blkio_file(file: &str, line: &str) -> Result<(), String> {
+    std::fs::write(file, format!("{line}\n"))
+        .map_err(|e| format!("writing {line:?} to {file}: {e}"))
+}
+
+/// A read limit on a loop device (from [`LoopFs::throttle_read_bps`]); removed on drop.
+pub struct ReadThrottle {
+    maj_min: String,
+    active: bool,
+}
+
+impl ReadThrottle {
+    /// Remove the limit now.
+    pub fn remove(&mut self) {
+        if self.active {
+            write_blkio_file(BLKIO_READ_BPS, &format!("{} 0", self.maj_min))
+                .unwrap_or_else(|e| panic!("{e}"));
+            self.active = false;
+        }
+    }
+}
+
+impl Drop for ReadThrottle {
+    fn drop(&mut self) {
+        if self.active {
+            if let Err(e) = write_blkio_file(BLKIO_READ_BPS, &format!("{} 0", self.maj_min)) {
+                eprintln!("ReadThrottle drop: {e}");
+            }
+            self.active = false;
+        }
+    }
 }
 
 /// Unmount `mnt` if `source` is mounted there: a few tries with short sleeps, then
@@ -696,6 +756,21 @@ impl Agent {
     /// Like [`Agent::start`], with extra command-line arguments. An extra
     /// `--web.listen-address` or `--config` replaces the harness's own.
     pub fn start_with_args(config_yaml: &str, extra_args: &[&str]) -> Agent {
+        Agent::start_bin(Path::new(AGENT_BIN), config_yaml, extra_args)
+    }
+
+    /// Like [`Agent::start_with_args`], running the binary at `bin` (e.g. a copy of
+    /// [`AGENT_BIN`] on a test filesystem).
+    pub fn start_bin(bin: &Path, config_yaml: &str, extra_args: &[&str]) -> Agent {
+        Agent::start_cmd(Command::new(bin), config_yaml, extra_args)
+    }
+
+    /// Like [`Agent::start_with_args`], with `cmd` as the start of the command line: a
+    /// program and its leading arguments (e.g. `systemd-socket-activate -l ADDR BIN`),
+    /// perhaps a `pre_exec`. `--config` (and, unless `--web.systemd-socket` or
+    /// `--web.listen-address` is among `extra_args`, `--web.listen-address 127.0.0.1:0`)
+    /// and `extra_args` follow.
+    pub fn start_cmd(mut cmd: Command, config_yaml: &str, extra_args: &[&str]) -> Agent {
         let dir = tempfile::Builder::new()
             .prefix("stallwatch-agent-")
             .tempdir()
@@ -708,11 +783,10 @@ impl Agent {
                 .iter()
                 .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
         };
-        let mut cmd = Command::new(AGENT_BIN);
         if !has("--config") {
             cmd.arg("--config").arg(&config_path);
         }
-        if !has("--web.listen-address") {
+        if !has("--web.listen-address") && !has("--web.systemd-socket") {
             cmd.arg("--web.listen-address").arg("127.0.0.1:0");
         }
         cmd.args(extra_args)
@@ -722,7 +796,7 @@ impl Agent {
         eprintln!("[harness] starting {cmd:?}");
         let mut child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {AGENT_BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         let pid = child.id();
 
         let logs = Arc::new(Mutex::new(Vec::new()));
