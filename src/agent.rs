@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::{Config, Source};
+use crate::host::HostInfo;
 use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
@@ -44,6 +45,10 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     let shutdown = Arc::new(Shutdown::default());
     // Each module registers the families it owns; the scrape encodes the registry.
     let registry = metrics::registry();
+    match HostInfo::read(&roots) {
+        Ok(host) => host.register(&registry),
+        Err(e) => warn!("no stallwatch_host_info: {e}"),
+    }
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
     let sampler = Sampler {
         metrics: SamplerMetrics::new(&registry),

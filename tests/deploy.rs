@@ -436,6 +436,7 @@ const KNOWN_METRICS: &[&str] = &[
     "stallwatch_md_sync_completed_ratio",
     "stallwatch_device_inflight_requests",
     "stallwatch_build_info",
+    "stallwatch_host_info",
     // beyond SPEC's table, exported by the agent:
     "stallwatch_target_read_only",
     "stallwatch_vm_sample_errors_total",
