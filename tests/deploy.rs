@@ -311,8 +311,8 @@ fn promtool_check_config() {
         .arg(repo_file("deploy/prometheus.yml")));
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 rule files found"),
-        "prometheus.yml must load stallwatch.rules.yml:\n{}",
+        String::from_utf8_lossy(&out.stdout).contains("2 rule files found"),
+        "prometheus.yml must load stallwatch.rules.yml and stallwatch.recording.rules.yml:\n{}",
         text(&out)
     );
 }
