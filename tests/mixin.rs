@@ -1,7 +1,8 @@
 //! The monitoring mixin (mixin/): the shipped rules and dashboards are what
 //! `scripts/build-mixin` compiles from it (jsonnet), the dashboards pass the lint (every
 //! panel reads the datasource variable, has a unit and a description), and the recording
-//! rules are named level:metric:operations and pass their promtool tests.
+//! rules are named level:metric:operations and pass their promtool tests; the sources
+//! are jsonnetfmt-formatted.
 //!
 //! Needs: jsonnet, promtool. A missing tool fails the test with the install command.
 
@@ -363,4 +364,36 @@ fn recording_rules_are_named_level_metric_operations_and_tested() {
             "{name}: no promtool test with expected samples"
         );
     }
+}
+
+#[test]
+fn mixin_sources_are_jsonnetfmt_formatted() {
+    let fmt = tool("jsonnetfmt", "apt-get install jsonnet");
+    let mut files = Vec::new();
+    let mut stack = vec![repo().join("mixin")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "jsonnet" || x == "libsonnet")
+            {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() >= 8, "{files:?}");
+    let o = Command::new(fmt)
+        .args(["--test", "--string-style", "s"])
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "not formatted (jsonnetfmt -i --string-style s FILE): {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
