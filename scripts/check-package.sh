@@ -55,7 +55,9 @@ for f in \
     ./usr/share/doc/stallwatch/examples/socket-activation.conf.example \
     ./usr/share/doc/stallwatch/examples/prometheus.yml \
     ./usr/share/doc/stallwatch/examples/stallwatch.rules.yml \
-    ./usr/share/doc/stallwatch/examples/grafana-stallwatch.json
+    ./usr/share/doc/stallwatch/examples/grafana-stallwatch.json \
+    ./usr/share/doc/stallwatch/examples/stallwatch.recording.rules.yml \
+    ./usr/share/doc/stallwatch/examples/grafana-stallwatch-fleet.json
 do
     grep -qxF "$f" <<<"$files" || fail "$f missing from the package"
 done
@@ -68,6 +70,13 @@ cmp systemd/stallwatch.service "$extract/root/usr/lib/systemd/system/stallwatch.
     || fail "packaged unit differs from systemd/stallwatch.service"
 cmp config.example.yaml "$extract/root/etc/stallwatch/config.yaml" \
     || fail "packaged config differs from config.example.yaml"
+for f in deploy/stallwatch.rules.yml:stallwatch.rules.yml \
+         deploy/stallwatch.recording.rules.yml:stallwatch.recording.rules.yml \
+         grafana/stallwatch.json:grafana-stallwatch.json \
+         grafana/stallwatch-fleet.json:grafana-stallwatch-fleet.json; do
+    cmp "${f%%:*}" "$extract/root/usr/share/doc/stallwatch/examples/${f##*:}" \
+        || fail "packaged ${f##*:} differs from ${f%%:*}"
+done
 [ -x "$extract/root/usr/bin/stallwatch" ] || fail "usr/bin/stallwatch is not executable"
 "$extract/root/usr/bin/stallwatch" --version || fail "the packaged binary does not run"
 "$extract/root/usr/bin/stallwatch" check-config "$extract/root/etc/stallwatch/config.yaml" \

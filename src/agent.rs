@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::{Config, Source};
+use crate::host::HostInfo;
 use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
@@ -57,6 +58,10 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     // Each module registers the families it owns; the scrape encodes the registry.
     let registry = metrics::registry();
     resident::register(&registry, &memory_lock);
+    match HostInfo::read(&roots) {
+        Ok(host) => host.register(&registry),
+        Err(e) => warn!("no stallwatch_host_info: {e}"),
+    }
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
     let sampler = Sampler {
         metrics: SamplerMetrics::new(&registry),

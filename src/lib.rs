@@ -1,7 +1,7 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
-//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`,
+//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `host`, `mounts`, `vm`, `blockdev`,
 //! `resident`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod blockdev;
 pub mod config;
+pub mod host;
 pub mod inflight;
 pub mod kernfs;
 pub mod metrics;

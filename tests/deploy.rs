@@ -393,8 +393,8 @@ fn promtool_check_config() {
         .arg(repo_file("deploy/prometheus.yml")));
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 rule files found"),
-        "prometheus.yml must load stallwatch.rules.yml:\n{}",
+        String::from_utf8_lossy(&out.stdout).contains("2 rule files found"),
+        "prometheus.yml must load stallwatch.rules.yml and stallwatch.recording.rules.yml:\n{}",
         text(&out)
     );
 }
@@ -518,6 +518,7 @@ const KNOWN_METRICS: &[&str] = &[
     "stallwatch_md_sync_completed_ratio",
     "stallwatch_device_inflight_requests",
     "stallwatch_build_info",
+    "stallwatch_host_info",
     // beyond SPEC's table, exported by the agent:
     "stallwatch_target_read_only",
     "stallwatch_vm_sample_errors_total",

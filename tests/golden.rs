@@ -13,9 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The families that come from the kernel files alone; everything else (probe latencies,
-/// process metrics, timestamps) depends on the run, not on the fixtures.
-const FAMILIES: [&str; 4] = [
+/// The families that come from the kernel files alone (`stallwatch_host_info` from
+/// `sys/kernel/`); everything else (probe latencies, process metrics, timestamps) depends
+/// on the run, not on the fixtures.
+const FAMILIES: [&str; 5] = [
+    "stallwatch_host_",
     "stallwatch_vm_",
     "stallwatch_pressure_",
     "stallwatch_md_",
@@ -40,7 +42,7 @@ struct Trees {
 }
 
 impl Trees {
-    /// The proc fixture (vmstat, pressure/io, sys/vm/*), `self/mountinfo` from the
+    /// The proc fixture (vmstat, pressure/io, sys/vm/*, sys/kernel/*), `self/mountinfo` from the
     /// template with the target's real path in it, and the md-raid5-resync sysfs tree:
     /// the target resolves to 9:0, which sysfs maps to md0, a resyncing RAID5.
     fn new() -> Trees {
@@ -340,6 +342,25 @@ fn a_changed_md_sync_action_fails_the_comparison() {
     );
     assert!(
         diff.contains("\n+stallwatch_md_sync_action{action=\"check\",device=\"md0\"} 1\n"),
+        "{diff}"
+    );
+}
+
+#[test]
+fn a_changed_kernel_release_fails_the_comparison() {
+    let trees = Trees::new();
+    trees.edit(
+        "proc/sys/kernel/osrelease",
+        "6.1.0-18-amd64",
+        "6.1.0-21-amd64",
+    );
+    let diff = compare(&expected(), &run(&trees)).expect_err("a new kernel went unnoticed");
+    assert!(
+        diff.contains(": stallwatch_host_info\n"),
+        "only the host info should differ:\n{diff}"
+    );
+    assert!(
+        diff.contains("+stallwatch_host_info{kernel_release=\"6.1.0-21-amd64\","),
         "{diff}"
     );
 }

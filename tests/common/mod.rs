@@ -13,12 +13,15 @@
 //!   `--web.listen-address 127.0.0.1:0`, its log captured, plus an HTTP client.
 //! * [`Metrics`]: a parsed Prometheus text exposition with lookups by name and labels.
 //! * [`wait_until`]: bounded polling.
+//! * [`prom`]: a real Prometheus scraping agents, queried over its API (the fleet test).
 //!
 //! Ordering advice: declare the `Agent` *after* the `LoopFs` it probes, so the agent is
 //! killed first and the filesystem torn down afterwards. Either order is safe: an agent
 //! blocked in a frozen filesystem cannot die before the thaw, so `Agent::drop` waits a
 //! bounded time and then leaves the reaping to a background thread.
 #![allow(dead_code)]
+
+pub mod prom;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};

@@ -1,0 +1,249 @@
+// Alerting rules: deploy/stallwatch.rules.yml. Runbooks: README.md ("Alerts"); promtool
+// tests: deploy/stallwatch.rules.test.yml. One alert is one entry of `rules` below.
+local u = import '../lib/utils.libsonnet';
+
+{
+  prometheusAlerts+:: {
+    local c = $._config,
+    local s(extra='') = u.selector([c.stallwatchSelector, extra]),
+    local f = {
+      sel: s(),
+      flushSel: s('op=~"fsync|fdatasync|dirsync"'),
+      commitSel: s('mode="append",op="fdatasync"'),
+      createSel: s('op="create"'),
+      window: c.alertWindow,
+      job: c.stallwatchJob,
+    },
+    groups+: [
+      {
+        name: 'stallwatch',
+        rules: [
+          // A probe is stuck in a system call right now. The gauge rises while the call
+          // is blocked, so this fires during the stall, not after it returns.
+          {
+            alert: 'StallwatchProbeBlocked',
+            expr: 'stallwatch_probe_inflight_seconds%(sel)s > %(t)g' % (f { t: c.probeBlockedSeconds }),
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: '{{ $labels.op }} on {{ $labels.target }} ({{ $labels.instance }}) blocked for {{ $value | humanizeDuration }}',
+              description: u.fold(|||
+                The {{ $labels.mode }} probe on target {{ $labels.target }} of {{ $labels.instance }}
+                has been inside {{ $labels.op }}() for {{ $value | humanizeDuration }} and has not
+                returned. Applications writing to this filesystem are most likely blocked too.
+                Look at: the agent's /api/stalls (dirty and writeback bytes and md sync state
+                during the stall), dmesg for "blocked for more than" hung-task reports, the
+                dashboard's dirty/writeback and io pressure panels, `cat /proc/mdstat` for a
+                resync or check, `iostat -x 1` for the backing device, and frozen filesystems
+                (fsfreeze, snapshots).
+              |||),
+            },
+          },
+
+          // p99 of fsync/fdatasync over the alert window.
+          {
+            alert: 'StallwatchFsyncLatencyHigh',
+            expr: |||
+              histogram_quantile(0.99,
+                sum by (instance, job, target, mode, op, le) (
+                  rate(stallwatch_probe_duration_seconds_bucket%(flushSel)s[%(window)s])
+                )
+              ) > %(t)g
+            ||| % (f { t: c.fsyncP99Seconds }),
+            'for': c.fsyncP99For,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: '{{ $labels.op }} p99 on {{ $labels.target }} ({{ $labels.instance }}) is {{ $value | humanizeDuration }}',
+              description: u.fold(|||
+                Over the last %(w)s the 99th percentile of {{ $labels.op }}() in the
+                {{ $labels.mode }} probe on {{ $labels.target }} of {{ $labels.instance }} was
+                {{ $value | humanizeDuration }} (threshold %(t)s). Databases commit with fsync, so
+                their commits are this slow too. Look at: the dashboard's latency heatmap for
+                when it started, writeback bytes (a large writeback queue in front of the
+                fsync), md sync state (a resync or check halves RAID write throughput),
+                `iostat -x 1` await and %%util on the backing device, the controller's cache or
+                battery state (write-back cache turned off), and barrier/nobarrier in the mount
+                options (stallwatch_target_info).
+              ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.fsyncP99Seconds) }),
+            },
+          },
+
+          // p99 of the database commit (append mode: write at the end of a log, then
+          // fdatasync) over the alert window, against etcd's guidance for its WAL.
+          {
+            alert: 'StallwatchCommitLatencyHigh',
+            expr: |||
+              histogram_quantile(0.99,
+                sum by (instance, job, target, op, le) (
+                  rate(stallwatch_probe_duration_seconds_bucket%(commitSel)s[%(window)s])
+                )
+              ) > %(t)g
+            ||| % (f { t: c.commitP99Seconds }),
+            'for': c.commitP99For,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'commit p99 on {{ $labels.target }} ({{ $labels.instance }}) is {{ $value | humanizeDuration }}',
+              description: u.fold(|||
+                Over the last %(w)s the 99th percentile of fdatasync() after an append in
+                the append probe on {{ $labels.target }} of {{ $labels.instance }} was
+                {{ $value | humanizeDuration }} (threshold %(t)s, etcd's guidance for WAL
+                fsync; raise it for spinning disks). A database on this filesystem commits no
+                faster. Look at: the dashboard's commit latency panel for when it started,
+                whether the overwrite probe's fsync is slow too (the device or controller) or
+                only the append (journal commits: the size change must be logged), writeback
+                bytes, md sync state, and `iostat -x 1` on the backing device.
+              ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.commitP99Seconds) }),
+            },
+          },
+
+          // p99 of open(O_CREAT) over the alert window.
+          {
+            alert: 'StallwatchCreateLatencyHigh',
+            expr: |||
+              histogram_quantile(0.99,
+                sum by (instance, job, target, mode, op, le) (
+                  rate(stallwatch_probe_duration_seconds_bucket%(createSel)s[%(window)s])
+                )
+              ) > %(t)g
+            ||| % (f { t: c.createP99Seconds }),
+            'for': c.createP99For,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'create p99 on {{ $labels.target }} ({{ $labels.instance }}) is {{ $value | humanizeDuration }}',
+              description: u.fold(|||
+                Over the last %(w)s the 99th percentile of open(O_CREAT) of an empty file
+                in the {{ $labels.mode }} probe on {{ $labels.target }} of {{ $labels.instance }}
+                was {{ $value | humanizeDuration }} (threshold %(t)s; normally well under 1ms).
+                File creation needs a metadata transaction: it stalls behind a full journal or
+                log, typically while a large streaming write (dd, backup, restore) fills the
+                same filesystem. Look at: dirty and writeback bytes against the thresholds,
+                who is writing (`iotop -o`, `pidstat -d 1`), the log/journal device's latency,
+                and `cat /proc/mdstat`.
+              ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.createP99Seconds) }),
+            },
+          },
+
+          // Any operation slower than the agent's stall_threshold (default 1s) in the
+          // alert window. The second branch catches the first stall of a series that did
+          // not exist a window ago (increase() needs two samples).
+          {
+            alert: 'StallwatchStalls',
+            expr: |||
+              sum by (instance, job, target, mode, op) (increase(stallwatch_stalls_total%(sel)s[%(window)s])) > 0
+              or
+              sum by (instance, job, target, mode, op) (stallwatch_stalls_total%(sel)s unless stallwatch_stalls_total%(sel)s offset %(window)s) > 0
+            ||| % f,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: '{{ $value | humanize }} {{ $labels.op }} stall(s) on {{ $labels.target }} ({{ $labels.instance }}) in %s' % u.durationWords(c.alertWindow),
+              description: u.fold(|||
+                {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
+                {{ $labels.instance }} exceeded the stall threshold {{ $value | humanize }} time(s)
+                in the last %s. Look at: http://{{ $labels.instance }}/api/stalls for each
+                stall's duration and the dirty/writeback bytes, io pressure and md sync state
+                recorded while it lasted; the stall annotations on the dashboard; dmesg for
+                hung-task reports. A write (not fsync) stall with dirty bytes at the dirty
+                threshold is dirty-page throttling (balance_dirty_pages): lower vm.dirty_bytes or
+                find the process dirtying memory.
+              ||| % u.durationWords(c.alertWindow)),
+            },
+          },
+
+          // Failed operations by errno (EIO, ENOSPC, EROFS, EACCES, ...).
+          {
+            alert: 'StallwatchProbeErrors',
+            expr: |||
+              sum by (instance, job, target, mode, op, errno) (increase(stallwatch_probe_errors_total%(sel)s[%(window)s])) > 0
+              or
+              sum by (instance, job, target, mode, op, errno) (stallwatch_probe_errors_total%(sel)s unless stallwatch_probe_errors_total%(sel)s offset %(window)s) > 0
+            ||| % f,
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: '{{ $labels.op }} failed with {{ $labels.errno }} on {{ $labels.target }} ({{ $labels.instance }})',
+              description: u.fold(|||
+                {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
+                {{ $labels.instance }} failed with {{ $labels.errno }} {{ $value | humanize }} time(s)
+                in the last %s. Look at, by errno: EIO -- the device or array returned an
+                error: dmesg, `cat /proc/mdstat` (a failed or missing member), SMART; a failed
+                fsync means data written by applications may be lost. EROFS -- the filesystem
+                was remounted read-only after errors: dmesg and the mount options in
+                stallwatch_target_info. ENOSPC -- the filesystem (or its inodes, `df -i`) is
+                full. EACCES/EPERM -- PATH/.stallwatch is not owned by the stallwatch user, or
+                the mount point is missing from ReadWritePaths= in the unit's drop-in.
+              ||| % u.durationWords(c.alertWindow)),
+            },
+          },
+
+          // The last probe cycle failed, or the path is not the expected mount point.
+          {
+            alert: 'StallwatchTargetDown',
+            expr: 'stallwatch_target_up%(sel)s == 0' % f,
+            'for': c.targetDownFor,
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'stallwatch target {{ $labels.target }} on {{ $labels.instance }} is down',
+              description: u.fold(|||
+                The last probe cycles on target {{ $labels.target }} of {{ $labels.instance }} did
+                not succeed on the expected mount for %s. Look at: whether the filesystem
+                is mounted (`findmnt <path>`; stallwatch_probes_skipped_total{reason="not_mounted"}
+                rises while it is not), StallwatchProbeErrors for the errno, the agent's log
+                (`journalctl -u stallwatch`), and the home page http://{{ $labels.instance }}/ for
+                the target's state. A target that is unmounted on purpose should be removed from
+                /etc/stallwatch/config.yaml.
+              ||| % u.durationWords(c.targetDownFor)),
+            },
+          },
+
+          // Dirty + writeback memory close to the point where the kernel blocks every writer.
+          {
+            alert: 'StallwatchDirtyNearThreshold',
+            expr: |||
+              (stallwatch_vm_dirty_bytes%(sel)s + stallwatch_vm_writeback_bytes%(sel)s)
+                / (stallwatch_vm_dirty_threshold_bytes%(sel)s > 0)
+              > %(t)g
+            ||| % (f { t: c.dirtyFraction }),
+            'for': c.dirtyFor,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'dirty memory on {{ $labels.instance }} at {{ $value | humanizePercentage }} of the dirty threshold',
+              description: u.fold(|||
+                Dirty plus writeback page-cache memory on {{ $labels.instance }} has been above %(p)s
+                of the kernel's dirty threshold (now {{ $value | humanizePercentage }}) for %(w)s.
+                At the threshold every process that writes is throttled in balance_dirty_pages
+                -- a write() of 4 KiB can then take seconds. Look at: which process dirties memory
+                (`pidstat -d 1`, `iotop -o`), whether writeback keeps up (the dashboard's
+                dirtied vs written rate, device latency), and the vm.dirty_* settings: on hosts
+                with much RAM, vm.dirty_bytes/vm.dirty_background_bytes in the hundreds of MiB
+                keep the queue short.
+              ||| % { p: u.percent(c.dirtyFraction), w: u.durationWords(c.dirtyFor) }),
+            },
+          },
+
+          // The agent itself is not scraped.
+          {
+            alert: 'StallwatchAbsent',
+            expr: |||
+              up{job="%(job)s"} == 0
+              or
+              absent(up{job="%(job)s"})
+            ||| % f,
+            'for': c.absentFor,
+            labels: { severity: 'critical' },
+            annotations: {
+              summary: 'stallwatch on {{ $labels.instance }} is not being scraped',
+              description: u.fold(|||
+                Prometheus has not scraped stallwatch on {{ $labels.instance }} (job
+                {{ $labels.job }}) for %s, so none of the other stallwatch alerts can fire
+                for that host. Look at: `systemctl status stallwatch` and `journalctl -u
+                stallwatch` (an invalid /etc/stallwatch/config.yaml exits with status 2 and is
+                not restarted; a mount from RequiresMountsFor= that failed keeps the service
+                from starting), the listen address and firewall, and the target's state on
+                Prometheus' Targets page. If the instance label is empty, no stallwatch target
+                exists at all in the job.
+              ||| % u.durationWords(c.absentFor)),
+            },
+          },
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,43 @@
+// Selectors, thresholds and windows of the stallwatch mixin. The defaults are what
+// deploy/stallwatch.rules.yml and the dashboards ship with.
+{
+  _config+:: {
+    // Label matchers added to every stallwatch series the rules and alerts select, e.g.
+    // 'job="stallwatch"' or 'role="storage"'. Empty: every series of that name.
+    stallwatchSelector: '',
+    // The scrape job StallwatchAbsent watches (deploy/prometheus.yml's job_name).
+    stallwatchJob: 'stallwatch',
+
+    // Alert thresholds (seconds unless named otherwise) and their `for:` durations.
+    // A probe inside one system call longer than this: StallwatchProbeBlocked.
+    probeBlockedSeconds: 30,
+    // p99 of fsync/fdatasync/dirsync: StallwatchFsyncLatencyHigh.
+    fsyncP99Seconds: 0.5,
+    fsyncP99For: '5m',
+    // p99 of the append lane's fdatasync (a database commit), etcd's WAL guidance.
+    commitP99Seconds: 0.01,
+    commitP99For: '10m',
+    // p99 of open(O_CREAT): StallwatchCreateLatencyHigh.
+    createP99Seconds: 0.1,
+    createP99For: '5m',
+    // The window of the latency, stall and error alerts.
+    alertWindow: '10m',
+    targetDownFor: '2m',
+    // (dirty + writeback) / dirty threshold: StallwatchDirtyNearThreshold.
+    dirtyFraction: 0.8,
+    dirtyFor: '2m',
+    absentFor: '5m',
+
+    // Recording rules: the rate window (the `5m` in their names) and the age above which
+    // a call in flight counts as blocked (the agent's default stall_threshold).
+    recordingWindow: '5m',
+    blockedCallSeconds: 1,
+
+    // Dashboards.
+    dashboardTags: ['stallwatch', 'storage', 'raid'],
+    hostDashboardUid: 'stallwatch',
+    fleetDashboardUid: 'stallwatch-fleet',
+    // How many hosts the fleet dashboard's top lists show.
+    fleetTopN: 10,
+  },
+}

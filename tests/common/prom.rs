@@ -1,0 +1,265 @@
+//! A real Prometheus for tests: Debian's `prometheus` binary on 127.0.0.1 (a port the test
+//! picked), scraping the given targets with the given rule files, stopped by its pid on
+//! drop; instant queries over its HTTP API; and the PromQL expressions of a Grafana
+//! dashboard. The same approach as tests/deploy.rs, shared for the fleet test.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The running Prometheus; SIGTERM (then SIGKILL) to its pid on drop.
+pub struct Prometheus {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+    http: ureq::Agent,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Prometheus {
+    /// Starts Prometheus in `dir` (config, TSDB and log there): one job `job` scraping
+    /// `targets` every `interval`, rules evaluated as often, `rule_files` loaded.
+    pub fn start(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        rule_files: &[PathBuf],
+        interval: &str,
+    ) -> Prometheus {
+        let bin = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("prometheus"))
+            .find(|p| p.is_file())
+            .expect("`prometheus` not found: apt-get install prometheus");
+        let rules: String = rule_files
+            .iter()
+            .map(|r| format!("  - {}\n", r.display()))
+            .collect();
+        let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\n\
+                 rule_files:\n{rules}\
+                 scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = dir.join("prometheus.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .current_dir(dir)
+            .spawn()
+            .expect("start prometheus");
+        let http = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .proxy(None)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        Prometheus {
+            child,
+            addr,
+            log,
+            http,
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET on its API; Ok(body) or Err(transport error).
+    pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<(u16, String), String> {
+        let mut req = self.http.get(&format!("http://{}{path}", self.addr));
+        for (k, v) in query {
+            req = req.query(*k, *v);
+        }
+        let mut resp = req.call().map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        Ok((status, body))
+    }
+
+    pub fn ready(&self) -> bool {
+        matches!(self.get("/-/ready", &[]), Ok((200, _)))
+    }
+
+    /// Instant query: the result vector (a scalar as one element), or the API's error.
+    pub fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
+        let (status, body) = self.get("/api/v1/query", &[("query", expr)])?;
+        let v: Value =
+            serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
+        if v["status"] != "success" {
+            return Err(format!(
+                "HTTP {status}: {} {}",
+                v["errorType"].as_str().unwrap_or(""),
+                v["error"].as_str().unwrap_or(&body)
+            ));
+        }
+        Ok(match &v["data"]["result"] {
+            Value::Array(a) => a.clone(),
+            other if !other.is_null() => vec![other.clone()],
+            _ => Vec::new(),
+        })
+    }
+
+    /// (label value, sample value) of each series of an instant query.
+    pub fn by_label(&self, expr: &str, label: &str) -> Vec<(String, f64)> {
+        self.query(expr)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| {
+                (
+                    s["metric"][label].as_str().unwrap_or("").to_string(),
+                    s["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(f64::NAN),
+                )
+            })
+            .collect()
+    }
+
+    /// The first sample of an instant query, 0 when there is none.
+    pub fn scalar(&self, expr: &str) -> f64 {
+        self.by_label(expr, "")
+            .first()
+            .map(|(_, v)| *v)
+            .unwrap_or(0.0)
+    }
+
+    /// The rules Prometheus loaded: (group, name, health, last error).
+    pub fn rules(&self) -> Vec<(String, String, String, String)> {
+        let (_, body) = self.get("/api/v1/rules", &[]).unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        let mut out = Vec::new();
+        for g in v["data"]["groups"].as_array().into_iter().flatten() {
+            for r in g["rules"].as_array().into_iter().flatten() {
+                let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+                out.push((
+                    g["name"].as_str().unwrap_or("").to_string(),
+                    s("name"),
+                    s("health"),
+                    s("lastError"),
+                ));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        use nix::sys::signal::{kill, Signal};
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A PromQL expression of a dashboard, with where it came from.
+#[derive(Clone, Debug)]
+pub struct DashExpr {
+    /// "panel <title> <refId>", "annotation <name>", "variable <name>"
+    pub origin: String,
+    pub expr: String,
+}
+
+/// Every PromQL expression of a Grafana dashboard: panel targets (rows' nested panels
+/// included), annotations, and the inner query of `label_values(QUERY, label)` variables.
+pub fn dashboard_exprs(dash: &Value) -> Vec<DashExpr> {
+    let mut out = Vec::new();
+    let mut panels = Vec::new();
+    for p in dash["panels"].as_array().into_iter().flatten() {
+        panels.push(p);
+        panels.extend(p["panels"].as_array().into_iter().flatten());
+    }
+    for p in panels {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            out.push(DashExpr {
+                origin: format!(
+                    "panel {} {}",
+                    p["title"].as_str().unwrap_or("?"),
+                    t["refId"].as_str().unwrap_or("?")
+                ),
+                expr: t["expr"].as_str().unwrap_or("").to_string(),
+            });
+        }
+    }
+    for a in dash["annotations"]["list"].as_array().into_iter().flatten() {
+        if let Some(e) = a["expr"].as_str() {
+            out.push(DashExpr {
+                origin: format!("annotation {}", a["name"].as_str().unwrap_or("?")),
+                expr: e.to_string(),
+            });
+        }
+    }
+    for v in dash["templating"]["list"].as_array().into_iter().flatten() {
+        if v["type"] != "query" {
+            continue;
+        }
+        let q = v["query"]["query"]
+            .as_str()
+            .or(v["query"].as_str())
+            .unwrap_or("");
+        let inner = q
+            .trim()
+            .strip_prefix("label_values(")
+            .and_then(|b| b.strip_suffix(')'))
+            .and_then(|b| b.rsplit_once(','))
+            .map(|(query, _)| query.trim().to_string())
+            .unwrap_or_else(|| {
+                panic!(
+                    "variable {}: not label_values(QUERY, label): {q}",
+                    v["name"]
+                )
+            });
+        out.push(DashExpr {
+            origin: format!("variable {}", v["name"].as_str().unwrap_or("?")),
+            expr: inner,
+        });
+    }
+    out
+}

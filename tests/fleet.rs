@@ -1,0 +1,408 @@
+//! The fleet rules and dashboard against a fleet: 20 agent processes on this machine, each
+//! on its own port with its own filesystem, scraped every second by a real Prometheus
+//! that loads the shipped alert and recording rules. Four hosts get a fault: one frozen
+//! for a few seconds (stalls), one with its writes throttled to a crawl (slow fsync,
+//! stalls), one remounted read-only (EROFS errors), one frozen until the end (a call
+//! blocked right now). Then every recording rule and every query of both dashboards
+//! must return data, the top lists must name the hosts that were made to stall, and the
+//! by-kernel grouping must see this machine's `uname -r`.
+//!
+//! Root: loop devices, tmpfs mounts, fsfreeze, blkio throttling. Needs prometheus.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::prom::{dashboard_exprs, Prometheus};
+use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
+use serde_json::Value;
+
+const AGENTS: usize = 20;
+const JOB: &str = "stallwatch";
+
+/// A tmpfs the test mounted in its own temporary directory; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+    mounted: bool,
+}
+
+impl Tmpfs {
+    fn new() -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("stallwatch-fleet-")
+            .tempdir()
+            .unwrap();
+        let mut t = Tmpfs {
+            dir,
+            mounted: false,
+        };
+        std::fs::create_dir(t.path()).unwrap();
+        let mnt = t.path().to_str().unwrap().to_string();
+        run(
+            "mount",
+            &["-t", "tmpfs", "-o", "size=16M,mode=0755", "tmpfs", &mnt],
+        );
+        t.mounted = true;
+        t
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if self.mounted {
+            let mnt = self.path().to_str().unwrap().to_string();
+            if run_cmd("umount", &[&mnt]).is_err() {
+                // Still busy (an agent being reaped): detach it; nothing else mounts here.
+                let _ = run_cmd("umount", &["-l", &mnt]);
+            }
+        }
+    }
+}
+
+/// One agent probing `path` every second, every op over 500ms a stall.
+fn start_agent(path: &Path) -> Agent {
+    Agent::start(&format!(
+        "vm_interval: 1s\n\
+         stall_threshold: 500ms\n\
+         defaults:\n  interval: 1s\n  modes: [create, overwrite, append]\n\
+         targets:\n  - path: {}\n    name: data\n",
+        path.display()
+    ))
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn dashboard(rel: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(repo_file(rel)).unwrap()).unwrap()
+}
+
+/// The recording rules' names, from the shipped file.
+fn recorded_names() -> Vec<String> {
+    let doc: yaml_serde::Value = yaml_serde::from_str(
+        &std::fs::read_to_string(repo_file("deploy/stallwatch.recording.rules.yml")).unwrap(),
+    )
+    .unwrap();
+    doc["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .map(|r| r["record"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Grafana's variables as a panel would see them for the whole fleet.
+fn substitute(expr: &str) -> String {
+    expr.replace("$__rate_interval", "10s")
+        .replace("$__interval", "2s")
+        .replace("$__range", "1m")
+        .replace("${instance}", ".+")
+        .replace("$instance", ".+")
+        .replace("${target}", "data")
+        .replace("$target", "data")
+        .replace("${op}", "fsync")
+        .replace("$op", "fsync")
+        .replace("${job}", JOB)
+        .replace("$job", JOB)
+}
+
+/// Per-host dashboard expressions that stay empty in this fleet, and why.
+const HOST_DASHBOARD_MAY_BE_EMPTY: &[(&str, &str)] = &[
+    (
+        "panel md sync action A",
+        "no target of the fleet is on an md array",
+    ),
+    (
+        "panel md sync progress A",
+        "no target of the fleet is on an md array",
+    ),
+];
+
+#[test]
+fn fleet_rules_and_dashboards_against_twenty_agents() {
+    if !require_root("fleet_rules_and_dashboards_against_twenty_agents") {
+        return;
+    }
+    let started = Instant::now();
+    let release = run("uname", &["-r"]).trim().to_string();
+
+    // Filesystems first, so they are torn down after the agents.
+    let mut frozen = LoopFs::new("ext4", 64);
+    let mut throttled = LoopFs::new("ext4", 64);
+    let mut read_only = LoopFs::new("ext4", 64);
+    let mut blocked = LoopFs::new("xfs", 320);
+    let tmpfs: Vec<Tmpfs> = (0..AGENTS - 4).map(|_| Tmpfs::new()).collect();
+    let mut paths: Vec<PathBuf> = vec![
+        frozen.path().to_owned(),
+        throttled.path().to_owned(),
+        read_only.path().to_owned(),
+        blocked.path().to_owned(),
+    ];
+    paths.extend(tmpfs.iter().map(Tmpfs::path));
+    let agents: Vec<Agent> = paths.iter().map(|p| start_agent(p)).collect();
+    let inst: Vec<String> = agents.iter().map(|a| a.addr().to_string()).collect();
+    let (frozen_i, throttled_i, ro_i, blocked_i) = (&inst[0], &inst[1], &inst[2], &inst[3]);
+    let stalled: BTreeSet<&str> = [frozen_i, throttled_i, blocked_i]
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
+    eprintln!(
+        "[fleet] {AGENTS} agents up after {:.1}s: frozen {frozen_i}, throttled {throttled_i}, read-only {ro_i}, blocked {blocked_i}",
+        started.elapsed().as_secs_f64()
+    );
+
+    let tsdb = tempfile::tempdir().unwrap();
+    let rules = [
+        repo_file("deploy/stallwatch.rules.yml"),
+        repo_file("deploy/stallwatch.recording.rules.yml"),
+    ];
+    let prom = Prometheus::start(tsdb.path(), JOB, &inst, &rules, "1s");
+    let diag = |what: &str| format!("{what}\n--- prometheus log\n{}", prom.log());
+
+    // Every agent scraped a few times, every rule evaluated.
+    let warm = wait_until(Duration::from_secs(60), Duration::from_millis(500), || {
+        prom.ready()
+            && prom.scalar(&format!("count(up{{job=\"{JOB}\"}} == 1)")) == AGENTS as f64
+            && prom.scalar(&format!("min(count_over_time(up{{job=\"{JOB}\"}}[1m]))")) >= 5.0
+    });
+    assert!(
+        warm,
+        "{}",
+        diag("Prometheus did not scrape all 20 agents 5 times in 60s")
+    );
+    eprintln!(
+        "[fleet] Prometheus has 5 scrapes of each after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The faults.
+    throttled.throttle_write_bps(8 * 1024);
+    read_only.remount_ro();
+    frozen.freeze();
+    std::thread::sleep(Duration::from_secs(3));
+    frozen.thaw();
+    blocked.freeze();
+    let faulted = Instant::now();
+
+    // Until Prometheus sees what was done (bounded).
+    let value_of = |expr: &str, instance: &str| -> f64 {
+        prom.by_label(expr, "instance")
+            .into_iter()
+            .find(|(i, _)| i == instance)
+            .map(|(_, v)| v)
+            .unwrap_or(0.0)
+    };
+    let seen = wait_until(Duration::from_secs(60), Duration::from_millis(500), || {
+        stalled
+            .iter()
+            .all(|i| value_of("instance:stallwatch_stalls:rate5m", i) > 0.0)
+            && value_of("instance:stallwatch_probe_errors:rate5m", ro_i) > 0.0
+            && value_of(
+                "sum by (instance) (instance_target:stallwatch_probe_blocked_calls:sum)",
+                blocked_i,
+            ) > 0.0
+            && value_of(
+                "max by (instance) (instance_target_mode_op:stallwatch_probe_duration_seconds:p99_5m{op=\"fsync\"})",
+                throttled_i,
+            ) > 0.5
+    });
+    assert!(
+        seen,
+        "{}",
+        diag(&format!(
+            "within 60s of the faults Prometheus did not see: stalls {:?}, errors {:?}, blocked {:?}, fsync p99 {:?}",
+            prom.by_label("instance:stallwatch_stalls:rate5m > 0", "instance"),
+            prom.by_label("instance:stallwatch_probe_errors:rate5m > 0", "instance"),
+            prom.by_label("instance_target:stallwatch_probe_blocked_calls:sum > 0", "instance"),
+            prom.by_label("topk(3, instance_target_mode_op:stallwatch_probe_duration_seconds:p99_5m)", "instance"),
+        ))
+    );
+    eprintln!(
+        "[fleet] faults visible {:.1}s after they began",
+        faulted.elapsed().as_secs_f64()
+    );
+
+    let mut failures = Vec::new();
+    let mut checked = 0;
+
+    // Every rule Prometheus loaded is healthy; every recording rule has data.
+    let loaded = prom.rules();
+    for (group, name, health, err) in &loaded {
+        if health != "ok" {
+            failures.push(format!("rule {group}/{name}: health {health}: {err}"));
+        }
+    }
+    for name in recorded_names() {
+        checked += 1;
+        match prom.query(&name) {
+            Err(e) => failures.push(format!("recording rule {name}: {e}")),
+            Ok(r) if r.is_empty() => failures.push(format!("recording rule {name}: no data")),
+            Ok(r) => eprintln!("{} series: recording rule {name}", r.len()),
+        }
+    }
+    if !loaded.iter().any(|(g, ..)| g == "stallwatch.rules") {
+        failures.push("the recording rule group was not loaded".into());
+    }
+
+    // Every query of both dashboards evaluates and returns data.
+    let allowed: BTreeMap<&str, &str> = HOST_DASHBOARD_MAY_BE_EMPTY.iter().cloned().collect();
+    for (file, allowed) in [
+        ("grafana/stallwatch-fleet.json", BTreeMap::new()),
+        ("grafana/stallwatch.json", allowed),
+    ] {
+        for e in dashboard_exprs(&dashboard(file)) {
+            let q = substitute(&e.expr);
+            assert!(
+                !q.contains('$'),
+                "{file} {}: unsubstituted variable in {q}",
+                e.origin
+            );
+            checked += 1;
+            match prom.query(&q) {
+                Err(err) => failures.push(format!("{file} {}: {err}\n    {q}", e.origin)),
+                Ok(r) if r.is_empty() => match allowed.get(e.origin.as_str()) {
+                    Some(why) => eprintln!("empty, allowed ({why}): {file} {}", e.origin),
+                    None => failures.push(format!("{file} {}: no data\n    {q}", e.origin)),
+                },
+                Ok(r) => eprintln!("{} series: {file} {}", r.len(), e.origin),
+            }
+        }
+    }
+
+    // The top lists pick the hosts that were made to stall.
+    let fleet = dashboard("grafana/stallwatch-fleet.json");
+    let panel_expr = |title: &str| -> String {
+        let e = dashboard_exprs(&fleet)
+            .into_iter()
+            .find(|e| e.origin == format!("panel {title} A"))
+            .unwrap_or_else(|| panic!("fleet dashboard has no panel {title:?}"));
+        substitute(&e.expr)
+    };
+    let ranked = |title: &str| -> Vec<(String, f64)> {
+        let mut r = prom.by_label(&panel_expr(title), "instance");
+        r.sort_by(|a, b| b.1.total_cmp(&a.1));
+        r
+    };
+    let top_stalls = ranked("Top hosts by stalls");
+    eprintln!("[fleet] Top hosts by stalls: {top_stalls:?}");
+    let ranks: BTreeMap<&str, usize> = top_stalls
+        .iter()
+        .enumerate()
+        .map(|(n, (i, _))| (i.as_str(), n))
+        .collect();
+    for i in &stalled {
+        match ranks.get(i) {
+            // Above every host that was left alone (a loaded machine may make one of
+            // them stall once; the faulted ones stalled at least once per lane).
+            Some(&n) if n < stalled.len() => {}
+            other => failures.push(format!(
+                "Top hosts by stalls: {i} (made to stall) at rank {other:?}: {top_stalls:?}"
+            )),
+        }
+    }
+    let top_fsync = ranked("Top hosts by fsync p99");
+    eprintln!(
+        "[fleet] Top hosts by fsync p99: {:?}",
+        &top_fsync[..top_fsync.len().min(3)]
+    );
+    if top_fsync.first().map(|(i, _)| i.as_str()) != Some(throttled_i.as_str()) {
+        failures.push(format!(
+            "Top hosts by fsync p99: the throttled host {throttled_i} is not first: {top_fsync:?}"
+        ));
+    }
+    let top_errors = ranked("Top hosts by errors");
+    if top_errors.first().map(|(i, _)| i.as_str()) != Some(ro_i.as_str()) {
+        failures.push(format!(
+            "Top hosts by errors: the read-only host {ro_i} is not first: {top_errors:?}"
+        ));
+    }
+    let blocked_now = prom.by_label(
+        &panel_expr("Hosts with a call blocked right now"),
+        "instance",
+    );
+    if !blocked_now.iter().any(|(i, _)| i == blocked_i) {
+        failures.push(format!(
+            "Hosts with a call blocked right now: {blocked_i} (frozen) missing: {blocked_now:?}"
+        ));
+    }
+
+    // Grouped by kernel release: this machine's, all 20 hosts; stalls by release and fstype.
+    let by_release = prom.by_label(&panel_expr("Hosts per kernel release"), "kernel_release");
+    if by_release != vec![(release.clone(), AGENTS as f64)] {
+        failures.push(format!(
+            "count by (kernel_release): {by_release:?}, expected [({release:?}, {AGENTS})] (uname -r)"
+        ));
+    }
+    let stalls_by_release =
+        prom.by_label("kernel_release:stallwatch_stalls:rate5m", "kernel_release");
+    if !stalls_by_release
+        .iter()
+        .any(|(r, v)| *r == release && *v > 0.0)
+    {
+        failures.push(format!(
+            "kernel_release:stallwatch_stalls:rate5m has no stalls for {release}: {stalls_by_release:?}"
+        ));
+    }
+    let by_fstype: BTreeMap<String, f64> = prom
+        .by_label("fstype:stallwatch_stalls:rate5m", "fstype")
+        .into_iter()
+        .collect();
+    for fs in ["ext4", "xfs"] {
+        if by_fstype.get(fs).is_none_or(|v| *v <= 0.0) {
+            failures.push(format!(
+                "fstype:stallwatch_stalls:rate5m: no stalls on {fs}: {by_fstype:?}"
+            ));
+        }
+    }
+    if !by_fstype.contains_key("tmpfs") {
+        failures.push(format!(
+            "fstype:stallwatch_stalls:rate5m: no tmpfs series: {by_fstype:?}"
+        ));
+    }
+
+    // The alerts fire for the faulted hosts.
+    for (alert, hosts) in [
+        ("StallwatchStalls", stalled.clone()),
+        ("StallwatchProbeErrors", BTreeSet::from([ro_i.as_str()])),
+    ] {
+        let firing: BTreeSet<String> = prom
+            .by_label(
+                &format!("ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"}}"),
+                "instance",
+            )
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        for h in hosts {
+            if !firing.contains(h) {
+                failures.push(format!("{alert} not firing for {h}: {firing:?}"));
+            }
+        }
+    }
+
+    // Thaw before the guards run, so the blocked agent can die when it is killed.
+    blocked.thaw();
+    let took = started.elapsed();
+    eprintln!(
+        "[fleet] {checked} expressions checked; run time {:.1}s",
+        took.as_secs_f64()
+    );
+    if !failures.is_empty() {
+        panic!(
+            "{} of the fleet checks failed:\n  - {}\n{}",
+            failures.len(),
+            failures.join("\n  - "),
+            diag("")
+        );
+    }
+    drop(prom);
+    drop(agents);
+}
