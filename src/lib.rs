@@ -1,12 +1,14 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
-//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`) → the workers
+//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`, `causes`,
+//! `waits`, `verdict`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
 pub mod agent;
 pub mod blockdev;
+pub mod causes;
 pub mod config;
 pub mod inflight;
 pub mod kernfs;
@@ -21,6 +23,8 @@ pub mod sampler;
 pub mod stalls;
 pub mod supervisor;
 pub mod sync;
+pub mod verdict;
 pub mod vm;
+pub mod waits;
 pub mod watchdog;
 pub mod web;
