@@ -101,7 +101,10 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     (Exact("__sb_start_write"), Frozen),
     (Exact("sb_start_write"), Frozen),
     (Exact("balance_dirty_pages"), DirtyThrottle),
-    (Exact("balance_dirty_pages_ratelimited_flags"), DirtyThrottle),
+    (
+        Exact("balance_dirty_pages_ratelimited_flags"),
+        DirtyThrottle,
+    ),
     // ext4: jbd2_log_wait_commit, jbd2_journal_force_commit, start_this_handle →
     // wait_transaction_locked / add_transaction_credits (a commit holds the journal).
     (Prefix("jbd2_"), Journal),
@@ -115,6 +118,10 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     (Exact("wait_current_trans"), Journal),
     (Exact("btrfs_commit_transaction"), Journal),
     (Exact("folio_wait_writeback"), WritebackWait),
+    // What wchan shows for folio_wait_writeback (its caller is skipped as a scheduling
+    // frame on 6.x); it also waits for a folio lock, but in a probe's write or fsync the
+    // folio waited on is under writeback. The stack, where readable, names the caller.
+    (Exact("folio_wait_bit"), WritebackWait),
     (Exact("wait_on_page_writeback"), WritebackWait),
     (Exact("folio_wait_stable"), WritebackWait),
     (Prefix("filemap_fdatawait"), WritebackWait),
@@ -158,15 +165,23 @@ pub fn of_symbol(symbol: &str) -> Option<Cause> {
         .map(|&(_, c)| c)
 }
 
+/// Wait points that say what kind of wait, not what is awaited: in a stack a known
+/// caller further out decides; alone (a wchan) they decide by themselves.
+pub const GENERIC: &[&str] = &["folio_wait_bit"];
+
 /// The cause of a stack (innermost frame first) and the frame that decided it: the
-/// innermost frame the table knows. Generic scheduling frames (`io_schedule`,
-/// `folio_wait_bit_common`) are not in the table, so the search walks past them to the
-/// caller that says what is awaited.
+/// innermost frame the table knows, generic ones ([`GENERIC`]) only when no other frame
+/// is known. Scheduling frames (`io_schedule`) are not in the table at all, so the search
+/// walks past them to the caller that says what is awaited.
 pub fn of_stack<S: AsRef<str>>(frames: &[S]) -> Option<(Cause, &str)> {
-    frames
-        .iter()
-        .map(AsRef::as_ref)
-        .find_map(|f| of_symbol(f).map(|c| (c, f)))
+    let known = |generic: bool| {
+        frames
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|f| generic || !GENERIC.contains(f))
+            .find_map(|f| of_symbol(f).map(|c| (c, f)))
+    };
+    known(false).or_else(|| known(true))
 }
 
 #[cfg(test)]
@@ -191,6 +206,7 @@ mod tests {
         ("wait_current_trans", Journal),
         ("btrfs_commit_transaction", Journal),
         ("folio_wait_writeback", WritebackWait),
+        ("folio_wait_bit", WritebackWait),
         ("wait_on_page_writeback", WritebackWait),
         ("folio_wait_stable", WritebackWait),
         ("filemap_fdatawait_keep_errors", WritebackWait),
@@ -243,7 +259,6 @@ mod tests {
         for s in [
             "io_schedule",
             "schedule",
-            "folio_wait_bit_common",
             "do_sys_openat2",
             "sigsuspend.isra.0",
             "hrtimer_nanosleep",
@@ -257,7 +272,7 @@ mod tests {
     fn a_stack_is_decided_by_its_innermost_known_frame() {
         // ext4 fsync behind writeback, as /proc/PID/task/TID/stack lists it.
         let fsync = [
-            "folio_wait_bit_common",
+            "folio_wait_bit",
             "folio_wait_writeback",
             "__filemap_fdatawait_range",
             "file_write_and_wait_range",
@@ -271,6 +286,11 @@ mod tests {
         let frozen = ["percpu_rwsem_wait", "mnt_want_write", "path_openat"];
         assert_eq!(of_stack(&frozen), Some((Frozen, "percpu_rwsem_wait")));
         assert_eq!(of_stack(&["do_syscall_64"]), None);
+        let generic_only = ["folio_wait_bit", "filemap_read", "vfs_read"];
+        assert_eq!(
+            of_stack(&generic_only),
+            Some((WritebackWait, "folio_wait_bit"))
+        );
         assert_eq!(of_stack::<&str>(&[]), None);
     }
 
@@ -291,6 +311,9 @@ mod tests {
                 "unknown"
             ]
         );
-        assert_eq!(serde_json::to_value(DirtyThrottle).unwrap(), "dirty_throttle");
+        assert_eq!(
+            serde_json::to_value(DirtyThrottle).unwrap(),
+            "dirty_throttle"
+        );
     }
 }

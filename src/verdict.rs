@@ -200,11 +200,11 @@ mod tests {
             verdict(&f, &[], None),
             "fsync blocked 9.2 s (no wait point sampled)"
         );
-        let f = Facts {
-            cause: None,
-            ..f
-        };
-        assert_eq!(verdict(&f, &[], None), "fsync blocked 9.2 s (no wait point sampled)");
+        let f = Facts { cause: None, ..f };
+        assert_eq!(
+            verdict(&f, &[], None),
+            "fsync blocked 9.2 s (no wait point sampled)"
+        );
         let f = Facts {
             dirty_threshold_bytes: 0,
             ..facts(Cause::Other, "mystery_wait")

@@ -442,6 +442,8 @@ const KNOWN_METRICS: &[&str] = &[
     // lanes (issue 11):
     "stallwatch_lane_up",
     "stallwatch_lane_skipped_total",
+    // causes (issue 12):
+    "stallwatch_probe_blocked_cause",
 ];
 
 /// Metrics the issue asks the dashboard to show.
@@ -998,6 +1000,10 @@ const DASHBOARD_MAY_BE_EMPTY: &[(&str, &str)] = &[
     (
         "annotation Stalls",
         "selects only intervals with a stall (> 0)",
+    ),
+    (
+        "panel Blocked now, by cause A",
+        "no call is blocked in the test: the gauge has no series",
     ),
     (
         "panel md sync action A",
