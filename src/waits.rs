@@ -203,7 +203,7 @@ impl WaitSamples {
     /// The wchan symbols, most frequent first (first seen first among equals).
     pub fn wchan(&self) -> Vec<SymbolCount> {
         let mut v = self.wchan.clone();
-        v.sort_by(|a, b| b.count.cmp(&a.count));
+        v.sort_by_key(|c| std::cmp::Reverse(c.count));
         v
     }
 
