@@ -11,7 +11,8 @@
 //! /proc from a container, where the agent's thread ids (from `gettid`, in its own
 //! namespace) name other tasks or none.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -108,13 +109,22 @@ impl Default for Reader {
     }
 }
 
+/// Reads a small procfs file in one `read` (open, read, close: no size probe, no read
+/// of the end): `wchan` is a symbol, `stack` a few hundred bytes, and the kernel's
+/// seq_file hands all of it to the first read of a buffer this size.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    let mut buf = [0u8; 8192];
+    let n = std::fs::File::open(path)?.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
 impl Reader {
     /// One sample of thread `tid`; None when its files cannot be read (it exited).
     pub fn sample(&self, tid: u32) -> Option<Sample> {
         let dir = PathBuf::from(OWN_PROCFS).join(format!("self/task/{tid}"));
-        let wchan = std::fs::read_to_string(dir.join("wchan")).ok()?;
+        let wchan = read_small(&dir.join("wchan")).ok()?;
         let stack = if self.stack_readable.load(Ordering::Relaxed) {
-            match std::fs::read_to_string(dir.join("stack")) {
+            match read_small(&dir.join("stack")) {
                 Ok(t) => Some(parse_stack(&t)).filter(|s| !s.is_empty()),
                 Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                     self.stack_readable.store(false, Ordering::Relaxed);

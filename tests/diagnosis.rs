@@ -190,7 +190,12 @@ fn a_frozen_filesystem_is_diagnosed_frozen() {
     );
     let live = agent.scrape();
     let ev = event_of(&agent, "create", "create", Some(true));
+    let (_, page, _) = agent.get("/");
     fs.thaw();
+    assert!(
+        page.contains("in percpu_rwsem_wait (filesystem frozen)"),
+        "the landing page's stall table shows the verdict: {page}"
+    );
     let mine = derive(&readings, "create", &[("percpu_rwsem_wait", "frozen")]);
     assert_eq!(
         mine.get("frozen").copied(),
@@ -661,6 +666,13 @@ struct FuseMount {
 
 impl FuseMount {
     fn new() -> FuseMount {
+        if !Path::new("/dev/fuse").exists() {
+            let _ = common::run_cmd("modprobe", &["fuse"]);
+        }
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse missing: this kernel has no FUSE (modprobe fuse failed)"
+        );
         let dir = tempfile::Builder::new()
             .prefix("stallwatch-fuse-")
             .tempdir()
