@@ -801,6 +801,72 @@ mod tests {
         assert!(json["started_at"].as_str().unwrap().ends_with('Z'));
     }
 
+    fn sampled(symbols: &[&str]) -> WaitSamples {
+        let mut w = WaitSamples::default();
+        for s in symbols {
+            w.add(&crate::waits::Sample {
+                wchan: Some(s.to_string()),
+                stack: None,
+            });
+        }
+        w
+    }
+
+    #[test]
+    fn counted_under_the_cause_at_the_crossing_while_the_event_follows_later_samples() {
+        let log = setup();
+        let op = in_flight(Mode::Overwrite, Op::Fsync, 3, Duration::from_secs(1));
+        let before = sampled(&["folio_wait_writeback", "folio_wait_writeback"]);
+        log.crossed(KEY, op, &[], Some(&before));
+        let by = |c| log.cause_count_of("t", Mode::Overwrite, Op::Fsync, c);
+        assert_eq!(by(Cause::WritebackWait), 1);
+        let ev = &log.events()[0];
+        assert_eq!(
+            (ev.cause, ev.counted_cause),
+            (Cause::WritebackWait, Cause::WritebackWait)
+        );
+        assert!(ev
+            .verdict
+            .contains("in folio_wait_writeback (waiting for writeback)"));
+        // The wait moves to the journal after the crossing: the event says so, the
+        // counter keeps the cause it was counted under.
+        let later = sampled(&[
+            "folio_wait_writeback",
+            "folio_wait_writeback",
+            "jbd2_log_wait_commit",
+            "jbd2_log_wait_commit",
+            "jbd2_log_wait_commit",
+        ]);
+        log.crossed(KEY, op, &[], Some(&later));
+        let mut done = call(3, Duration::from_secs(4), None);
+        done.waits = Some(later);
+        log.finished(KEY, done, &[]);
+        let ev = &log.events()[0];
+        assert_eq!(
+            (ev.cause, ev.counted_cause),
+            (Cause::Journal, Cause::WritebackWait)
+        );
+        assert_eq!(ev.wchan[0].symbol, "jbd2_log_wait_commit");
+        assert!(
+            ev.verdict
+                .starts_with("fsync blocked 4.0 s in jbd2_log_wait_commit"),
+            "{}",
+            ev.verdict
+        );
+        assert_eq!((by(Cause::WritebackWait), by(Cause::Journal)), (1, 0));
+        let json = serde_json::to_value(ev).unwrap();
+        assert_eq!(json["cause"], "journal");
+        assert_eq!(json["wchan"][0]["count"], 3);
+        assert_eq!(json["stack"], serde_json::Value::Null);
+        // Returned between two looks, never sampled: unknown.
+        log.finished(KEY, call(4, Duration::from_secs(2), None), &[]);
+        assert_eq!(by(Cause::Unknown), 1);
+        assert_eq!(
+            log.events()[0].verdict,
+            "fsync blocked 2.0 s (no wait point sampled)"
+        );
+    }
+
     #[test]
     fn returned_between_ticks_is_counted_on_return_and_ring_is_bounded() {
         let log = setup();
