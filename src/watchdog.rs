@@ -28,12 +28,14 @@ pub fn run(targets: Arc<Targets>, stalls: Arc<StallLog>, shutdown: Arc<Shutdown>
     // exactly. Idle, the agent wakes once per threshold, not many times a second.
     //
     // A call seen in flight before its sampling point (a quarter of the threshold) gets
-    // a wake at that point; from there it is sampled every `waits::SAMPLE_PERIOD` while
-    // it lasts. Without a call blocked past its sampling point the watchdog wakes and
-    // reads exactly as it did without sampling: no extra wake, no read of procfs. The
-    // price: a call that starts just after a look is first seen up to one idle period
-    // later, so its first sample may come late in its first threshold (at the crossing
-    // at the latest, taken before the crossing is counted).
+    // a wake at that point instead of at its crossing; from there it is sampled every
+    // `waits::SAMPLE_PERIOD` while it lasts. The idle period stays one threshold, so a
+    // quiet agent (whose calls take microseconds and are almost never in flight at a
+    // look) wakes and reads exactly as without sampling: no read of procfs unless a call
+    // is blocked past its sampling point (BENCHMARKS.md, section 6). The price: a call
+    // that starts just after a look is first seen up to one idle period later, so its
+    // first sample may come late in its first threshold (at the crossing at the latest,
+    // taken before the crossing is counted).
     let reader = Reader::default();
     loop {
         // Read again at every look: a reload may have changed the targets.
