@@ -2,12 +2,13 @@
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
 //! (`sync`, `config`, `op`, `inflight`, `kernfs`, `host`, `mounts`, `vm`, `blockdev`,
-//! `resident`) → the workers
+//! `resident`, `causes`, `waits`, `verdict`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
 pub mod agent;
 pub mod blockdev;
+pub mod causes;
 pub mod config;
 pub mod host;
 pub mod inflight;
@@ -24,6 +25,8 @@ pub mod sampler;
 pub mod stalls;
 pub mod supervisor;
 pub mod sync;
+pub mod verdict;
 pub mod vm;
+pub mod waits;
 pub mod watchdog;
 pub mod web;

@@ -213,6 +213,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
     } else {
         h.push_str(
             "<table><tr><th>started</th><th>target</th><th>op</th><th>duration</th>\
+             <th>cause</th><th>verdict</th>\
              <th>also blocked</th><th>dirty max</th><th>writeback max</th><th>md</th>\
              <th>error</th></tr>",
         );
@@ -234,6 +235,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{:.3} s{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td>\
                  <td>{} MiB</td><td>{} MiB</td><td>{}</td><td>{}</td></tr>",
                 humantime::format_rfc3339_millis(e.started_at),
                 esc(&e.target),
@@ -241,6 +243,8 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
                 e.op,
                 e.duration_seconds,
                 if e.ongoing { " (ongoing)" } else { "" },
+                e.cause,
+                esc(&e.verdict),
                 esc(&also),
                 e.vm.dirty_bytes_max >> 20,
                 e.vm.writeback_bytes_max >> 20,

@@ -6,6 +6,12 @@
 //! If the call returns between two polls, the probe thread counts it on return instead.
 //! Both paths go through one lock, so each stall is counted once. The log owns
 //! `stallwatch_stalls_total`: nothing else writes it.
+//!
+//! Its `cause` label is the cause settled from the wait-point samples taken before the
+//! crossing (sampling starts at a quarter of the threshold, `waits.rs`), `unknown` when
+//! none was taken. The event's own `cause` goes on being refined from every sample until
+//! the call returns, so for a call whose wait moves (writeback, then the journal) the
+//! event may name another cause than the one it was counted under.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -13,14 +19,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::{IntCounterVec, Opts, Registry};
 use serde::Serialize;
+use strum::VariantArray;
 use tracing::warn;
 
 use crate::blockdev::SyncAction;
+use crate::causes::Cause;
 use crate::config::Mode;
 use crate::inflight::InFlightOp;
 use crate::op::{Failure, Op};
 use crate::sync::lock;
+use crate::verdict::{self, Facts};
 use crate::vm::VmSample;
+use crate::waits::{SymbolCount, WaitSamples};
 
 /// VM samples kept for the start of a stall's window (a stall is seen only once it has
 /// lasted the threshold, so its first part is read back from here).
@@ -103,6 +113,18 @@ pub struct StallEvent {
     /// The other lanes of the target blocked past the threshold during the stall: all
     /// of them on a frozen filesystem, none when only this call is held.
     pub also_blocked: Vec<BlockedLane>,
+    /// The kernel wait points sampled while the call was blocked, most frequent first.
+    pub wchan: Vec<SymbolCount>,
+    /// The kernel stack at the deciding wait point, innermost frame first; null when
+    /// `/proc/self/task/TID/stack` is not readable (without CAP_SYS_ADMIN).
+    pub stack: Option<Vec<String>>,
+    /// Why the call was held (`causes.rs`), from the samples so far.
+    pub cause: Cause,
+    /// The cause `stallwatch_stalls_total` counted this stall under: the cause settled
+    /// at the crossing.
+    pub counted_cause: Cause,
+    /// One sentence from the evidence above (`verdict.rs`).
+    pub verdict: String,
     #[serde(skip)]
     started: Instant,
     /// The lane and the call's sequence number in it.
@@ -114,6 +136,9 @@ pub struct StallEvent {
     disk: Option<String>,
     #[serde(skip)]
     arrays: Vec<String>,
+    /// The wait point that decided `cause`.
+    #[serde(skip)]
+    symbol: Option<String>,
 }
 
 /// Another lane's call, blocked at the same time as the stalled one.
@@ -137,7 +162,7 @@ pub struct LaneKey<'a> {
 }
 
 /// A call slower than the threshold that returned.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FinishedCall {
     pub mode: Mode,
     pub op: Op,
@@ -145,6 +170,8 @@ pub struct FinishedCall {
     pub seq: u64,
     pub elapsed: Duration,
     pub failure: Option<Failure>,
+    /// The wait-point samples of the call, if it was sampled.
+    pub waits: Option<WaitSamples>,
 }
 
 /// Adds the calls of `others` to `into`, keeping each one's longest time blocked.
@@ -198,9 +225,9 @@ impl StallLog {
         let stalls = IntCounterVec::new(
             Opts::new(
                 "stallwatch_stalls_total",
-                "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked.",
+                "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked; cause: where the kernel held the call, as sampled before the crossing.",
             ),
-            &["target", "mode", "op"],
+            &["target", "mode", "op", "cause"],
         )
         .expect("valid metric definition");
         registry
@@ -222,8 +249,10 @@ impl StallLog {
     /// first scrape.
     pub fn add_target(&self, name: &str, ops: &[(Mode, Op)]) {
         for &(mode, op) in ops {
-            self.stalls
-                .with_label_values(&[name, mode.as_str(), op.as_str()]);
+            for cause in Cause::VARIANTS {
+                self.stalls
+                    .with_label_values(&[name, mode.as_str(), op.as_str(), cause.as_str()]);
+            }
         }
     }
 
@@ -232,9 +261,14 @@ impl StallLog {
     /// report its call's return.
     pub fn remove_target(&self, target: usize, name: &str, ops: &[(Mode, Op)]) {
         for &(mode, op) in ops {
-            let _ = self
-                .stalls
-                .remove_label_values(&[name, mode.as_str(), op.as_str()]);
+            for cause in Cause::VARIANTS {
+                let _ = self.stalls.remove_label_values(&[
+                    name,
+                    mode.as_str(),
+                    op.as_str(),
+                    cause.as_str(),
+                ]);
+            }
         }
         let mut inner = lock(&self.inner);
         inner.devices.remove(&target);
@@ -246,13 +280,22 @@ impl StallLog {
             ev.ongoing = false;
             ev.duration_seconds = ev.started.elapsed().as_secs_f64();
             ev.error = Some("target removed by a reload while the call was blocked".into());
+            set_verdict(ev);
         }
     }
 
-    /// How many stalls of `name`'s `mode` `op` were counted.
+    /// How many stalls of `name`'s `mode` `op` were counted, whatever their cause.
     pub fn count_of(&self, name: &str, mode: Mode, op: Op) -> u64 {
+        Cause::VARIANTS
+            .iter()
+            .map(|c| self.cause_count_of(name, mode, op, *c))
+            .sum()
+    }
+
+    /// How many stalls of `name`'s `mode` `op` were counted under `cause`.
+    pub fn cause_count_of(&self, name: &str, mode: Mode, op: Op, cause: Cause) -> u64 {
         self.stalls
-            .with_label_values(&[name, mode.as_str(), op.as_str()])
+            .with_label_values(&[name, mode.as_str(), op.as_str(), cause.as_str()])
             .get()
     }
 
@@ -293,6 +336,7 @@ impl StallLog {
                 let mut e = e.clone();
                 if e.ongoing {
                     e.duration_seconds = e.started.elapsed().as_secs_f64();
+                    set_verdict(&mut e);
                 }
                 e
             })
@@ -300,9 +344,17 @@ impl StallLog {
     }
 
     /// The watchdog saw `op` of lane `key` in flight past its threshold, and `others`,
-    /// the other lanes of the target blocked past it too. Called at every look while the
-    /// call lasts: counted the first time, the other lanes gathered every time.
-    pub fn crossed(&self, key: LaneKey<'_>, op: InFlightOp, others: &[InFlightOp]) {
+    /// the other lanes of the target blocked past it too; `waits`, the call's wait-point
+    /// samples so far. Called at every look while the call lasts: counted the first time
+    /// (under the cause the samples give then), the other lanes and the samples gathered
+    /// every time.
+    pub fn crossed(
+        &self,
+        key: LaneKey<'_>,
+        op: InFlightOp,
+        others: &[InFlightOp],
+        waits: Option<&WaitSamples>,
+    ) {
         let mut inner = lock(&self.inner);
         if inner.counted.get(&key.lane) == Some(&op.seq) {
             if let Some(ev) = inner
@@ -311,6 +363,9 @@ impl StallLog {
                 .find(|e| e.ongoing && e.key == (key.lane, op.seq))
             {
                 merge_blocked(&mut ev.also_blocked, others);
+                set_waits(ev, waits);
+                ev.duration_seconds = op.age.as_secs_f64();
+                set_verdict(ev);
             }
             return;
         }
@@ -318,16 +373,22 @@ impl StallLog {
         let name = key.name;
         let mut ev = self.new_event(&inner, key, op.mode, op.op, op.seq, op.started, true);
         merge_blocked(&mut ev.also_blocked, others);
-        self.count(name, op.mode, op.op);
+        set_waits(&mut ev, waits);
+        ev.counted_cause = ev.cause;
+        set_verdict(&mut ev);
+        self.count(name, op.mode, op.op, ev.cause);
         let (md, device, inflight) = log_fields(&ev);
         warn!(target = %name, mode = %op.mode, op = %op.op,
             blocked_seconds = op.age.as_secs_f64(),
+            cause = %ev.cause,
+            wchan = ev.symbol.as_deref().unwrap_or("none"),
             dirty_bytes_start = ev.vm.dirty_bytes_start,
             dirty_bytes_max = ev.vm.dirty_bytes_max,
             writeback_bytes_max = ev.vm.writeback_bytes_max,
             dirty_threshold_bytes = ev.vm.dirty_threshold_bytes,
             md = %md, device = %device, device_inflight_max = inflight,
             also_blocked = %blocked_field(&ev.also_blocked),
+            verdict = %ev.verdict,
             "stall started: operation blocked past the threshold");
         self.push(&mut inner, ev);
     }
@@ -341,14 +402,17 @@ impl StallLog {
             seq,
             elapsed,
             failure,
+            waits,
         } = call;
         let mut inner = lock(&self.inner);
         let started = Instant::now() - elapsed;
         if inner.counted.get(&key.lane) != Some(&seq) {
             // Returned between two watchdog ticks: count it now.
             inner.counted.insert(key.lane, seq);
-            self.count(key.name, mode, op);
-            let ev = self.new_event(&inner, key, mode, op, seq, started, false);
+            let mut ev = self.new_event(&inner, key, mode, op, seq, started, false);
+            set_waits(&mut ev, waits.as_ref());
+            ev.counted_cause = ev.cause;
+            self.count(key.name, mode, op, ev.cause);
             self.push(&mut inner, ev);
         }
         let latest = inner.history.back().cloned();
@@ -359,12 +423,16 @@ impl StallLog {
             update(ev, s);
         }
         merge_blocked(&mut ev.also_blocked, others);
+        set_waits(ev, waits.as_ref());
         ev.ongoing = false;
         ev.duration_seconds = elapsed.as_secs_f64();
         ev.error = failure.map(|f| f.to_string());
+        set_verdict(ev);
         let (md, device, inflight) = log_fields(ev);
         warn!(target = %ev.target, mode = ev.mode, op = ev.op,
             duration_seconds = ev.duration_seconds,
+            cause = %ev.cause,
+            wchan = ev.symbol.as_deref().unwrap_or("none"),
             error = ev.error.as_deref().unwrap_or("none"),
             dirty_bytes_start = ev.vm.dirty_bytes_start,
             dirty_bytes_max = ev.vm.dirty_bytes_max,
@@ -373,6 +441,7 @@ impl StallLog {
             io_pressure_full_seconds = ev.vm.io_pressure_full_seconds.unwrap_or(0.0),
             md = %md, device = %device, device_inflight_max = inflight,
             also_blocked = %blocked_field(&ev.also_blocked),
+            verdict = %ev.verdict,
             "stall ended");
     }
 
@@ -394,9 +463,9 @@ impl StallLog {
         lock(&self.inner).history.back().cloned()
     }
 
-    fn count(&self, name: &str, mode: Mode, op: Op) {
+    fn count(&self, name: &str, mode: Mode, op: Op, cause: Cause) {
         self.stalls
-            .with_label_values(&[name, mode.as_str(), op.as_str()])
+            .with_label_values(&[name, mode.as_str(), op.as_str(), cause.as_str()])
             .inc();
     }
 
@@ -445,11 +514,17 @@ impl StallLog {
                 inflight_requests_max: 0,
             }),
             also_blocked: Vec::new(),
+            wchan: Vec::new(),
+            stack: None,
+            cause: Cause::Unknown,
+            counted_cause: Cause::Unknown,
+            verdict: String::new(),
             started,
             key: (key.lane, seq),
             pressure_start: None,
             disk: devs.disk.clone(),
             arrays: devs.arrays.clone(),
+            symbol: None,
         };
         if let Some(s) = first {
             ev.vm.dirty_bytes_start = s.vm.counters.dirty_bytes;
@@ -459,8 +534,43 @@ impl StallLog {
         for s in inner.history.iter().filter(|s| s.vm.at > started) {
             update(&mut ev, s);
         }
+        set_verdict(&mut ev);
         ev
     }
+}
+
+/// Takes the call's wait-point samples into the event; samples absent (the call was
+/// not sampled, or a look found none yet) leave what the event has.
+fn set_waits(ev: &mut StallEvent, waits: Option<&WaitSamples>) {
+    let Some(w) = waits else {
+        return;
+    };
+    ev.wchan = w.wchan();
+    ev.stack = w.stack().map(<[String]>::to_vec);
+    ev.cause = w.cause();
+    ev.symbol = w.symbol().map(str::to_owned);
+}
+
+/// Builds the event's verdict from its fields. Evidence phrases of other readers (top
+/// dirtiers, device figures) and whether the device was idle are not gathered here yet:
+/// `&[]` and None.
+fn set_verdict(ev: &mut StallEvent) {
+    let facts = Facts {
+        op: ev.op,
+        seconds: ev.duration_seconds,
+        ongoing: ev.ongoing,
+        cause: Some(ev.cause),
+        symbol: ev.symbol.as_deref(),
+        dirty_bytes_max: ev.vm.dirty_bytes_max,
+        writeback_bytes_max: ev.vm.writeback_bytes_max,
+        dirty_threshold_bytes: ev.vm.dirty_threshold_bytes,
+        md: ev
+            .md
+            .iter()
+            .map(|m| (m.device.as_str(), m.action_label()))
+            .collect(),
+    };
+    ev.verdict = verdict::verdict(&facts, &[], None);
 }
 
 /// The md and device context as flat log values: `md0=check`, `sda`, peak in flight.
@@ -568,6 +678,7 @@ mod tests {
             seq,
             elapsed,
             failure,
+            waits: None,
         }
     }
 
@@ -585,12 +696,12 @@ mod tests {
     fn other_blocked_lanes_are_gathered_while_the_stall_lasts() {
         let log = setup();
         let fsync = in_flight(Mode::Overwrite, Op::Fsync, 4, Duration::from_secs(2));
-        log.crossed(KEY, fsync, &[]);
+        log.crossed(KEY, fsync, &[], None);
         assert!(log.events()[0].also_blocked.is_empty(), "only fsync so far");
         let create = in_flight(Mode::Create, Op::Create, 7, Duration::from_secs(1));
-        log.crossed(KEY, fsync, &[create]);
+        log.crossed(KEY, fsync, &[create], None);
         let longer = in_flight(Mode::Create, Op::Create, 7, Duration::from_secs(3));
-        log.crossed(KEY, fsync, &[longer]);
+        log.crossed(KEY, fsync, &[longer], None);
         assert_eq!(counted(&log), 1, "looking again does not count again");
         let write = in_flight(Mode::Append, Op::Write, 2, Duration::from_secs(1));
         log.finished(KEY, call(4, Duration::from_secs(5), None), &[write]);
@@ -614,7 +725,7 @@ mod tests {
         assert_eq!(json["also_blocked"][0]["mode"], "create");
         // Another lane's call with the same sequence number is another call.
         let other = LaneKey { lane: 2, ..KEY };
-        log.crossed(other, fsync, &[]);
+        log.crossed(other, fsync, &[], None);
         assert_eq!(counted(&log), 2);
     }
 
@@ -661,8 +772,8 @@ mod tests {
             started: start,
             age: start.elapsed(),
         };
-        log.crossed(KEY, op, &[]);
-        log.crossed(KEY, op, &[]);
+        log.crossed(KEY, op, &[], None);
+        log.crossed(KEY, op, &[], None);
         assert_eq!(counted(&log), 1, "a crossing is counted once");
         let ev = &log.events()[0];
         assert!(ev.ongoing);
@@ -688,6 +799,72 @@ mod tests {
         assert_eq!(json["md"][0]["sync_action"], "check");
         assert_eq!(json["ongoing"], false);
         assert!(json["started_at"].as_str().unwrap().ends_with('Z'));
+    }
+
+    fn sampled(symbols: &[&str]) -> WaitSamples {
+        let mut w = WaitSamples::default();
+        for s in symbols {
+            w.add(&crate::waits::Sample {
+                wchan: Some(s.to_string()),
+                stack: None,
+            });
+        }
+        w
+    }
+
+    #[test]
+    fn counted_under_the_cause_at_the_crossing_while_the_event_follows_later_samples() {
+        let log = setup();
+        let op = in_flight(Mode::Overwrite, Op::Fsync, 3, Duration::from_secs(1));
+        let before = sampled(&["folio_wait_writeback", "folio_wait_writeback"]);
+        log.crossed(KEY, op, &[], Some(&before));
+        let by = |c| log.cause_count_of("t", Mode::Overwrite, Op::Fsync, c);
+        assert_eq!(by(Cause::WritebackWait), 1);
+        let ev = &log.events()[0];
+        assert_eq!(
+            (ev.cause, ev.counted_cause),
+            (Cause::WritebackWait, Cause::WritebackWait)
+        );
+        assert!(ev
+            .verdict
+            .contains("in folio_wait_writeback (waiting for writeback)"));
+        // The wait moves to the journal after the crossing: the event says so, the
+        // counter keeps the cause it was counted under.
+        let later = sampled(&[
+            "folio_wait_writeback",
+            "folio_wait_writeback",
+            "jbd2_log_wait_commit",
+            "jbd2_log_wait_commit",
+            "jbd2_log_wait_commit",
+        ]);
+        log.crossed(KEY, op, &[], Some(&later));
+        let mut done = call(3, Duration::from_secs(4), None);
+        done.waits = Some(later);
+        log.finished(KEY, done, &[]);
+        let ev = &log.events()[0];
+        assert_eq!(
+            (ev.cause, ev.counted_cause),
+            (Cause::Journal, Cause::WritebackWait)
+        );
+        assert_eq!(ev.wchan[0].symbol, "jbd2_log_wait_commit");
+        assert!(
+            ev.verdict
+                .starts_with("fsync blocked 4.0 s in jbd2_log_wait_commit"),
+            "{}",
+            ev.verdict
+        );
+        assert_eq!((by(Cause::WritebackWait), by(Cause::Journal)), (1, 0));
+        let json = serde_json::to_value(ev).unwrap();
+        assert_eq!(json["cause"], "journal");
+        assert_eq!(json["wchan"][0]["count"], 3);
+        assert_eq!(json["stack"], serde_json::Value::Null);
+        // Returned between two looks, never sampled: unknown.
+        log.finished(KEY, call(4, Duration::from_secs(2), None), &[]);
+        assert_eq!(by(Cause::Unknown), 1);
+        assert_eq!(
+            log.events()[0].verdict,
+            "fsync blocked 2.0 s (no wait point sampled)"
+        );
     }
 
     #[test]

@@ -527,6 +527,8 @@ const KNOWN_METRICS: &[&str] = &[
     "stallwatch_lane_skipped_total",
     // the memory lock (issue 14):
     "stallwatch_memory_locked",
+    // causes (issue 12):
+    "stallwatch_probe_blocked_cause",
 ];
 
 /// Metrics the issue asks the dashboard to show.
@@ -1083,6 +1085,10 @@ const DASHBOARD_MAY_BE_EMPTY: &[(&str, &str)] = &[
     (
         "annotation Stalls",
         "selects only intervals with a stall (> 0)",
+    ),
+    (
+        "panel Blocked now, by cause A",
+        "no call is blocked in the test: the gauge has no series",
     ),
     (
         "panel md sync action A",

@@ -29,7 +29,8 @@ local u = import '../lib/utils.libsonnet';
               description: u.fold(|||
                 The {{ $labels.mode }} probe on target {{ $labels.target }} of {{ $labels.instance }}
                 has been inside {{ $labels.op }}() for {{ $value | humanizeDuration }} and has not
-                returned. Applications writing to this filesystem are most likely blocked too.
+                returned; the kernel holds it in: {{ with printf "stallwatch_probe_blocked_cause{instance=%q,target=%q,mode=%q,op=%q}" $labels.instance $labels.target $labels.mode $labels.op | query }}{{ range . }}{{ .Labels.cause }}{{ end }}{{ else }}not sampled{{ end }}.
+                Applications writing to this filesystem are most likely blocked too.
                 Look at: the agent's /api/stalls (dirty and writeback bytes and md sync state
                 during the stall), dmesg for "blocked for more than" hung-task reports, the
                 dashboard's dirty/writeback and io pressure panels, `cat /proc/mdstat` for a
@@ -123,27 +124,31 @@ local u = import '../lib/utils.libsonnet';
           },
 
           // Any operation slower than the agent's stall_threshold (default 1s) in the
-          // alert window. The second branch catches the first stall of a series that did
-          // not exist a window ago (increase() needs two samples).
+          // alert window, one alert per cause (where the kernel held the call: frozen,
+          // dirty_throttle, journal, writeback_wait, device_queue, md, remote, other,
+          // unknown; empty from agents before 0.2.0). The second branch catches the first
+          // stall of a series that did not exist a window ago (increase() needs two samples).
           {
             alert: 'StallwatchStalls',
             expr: |||
-              sum by (instance, job, target, mode, op) (increase(stallwatch_stalls_total%(sel)s[%(window)s])) > 0
+              sum by (instance, job, target, mode, op, cause) (increase(stallwatch_stalls_total%(sel)s[%(window)s])) > 0
               or
-              sum by (instance, job, target, mode, op) (stallwatch_stalls_total%(sel)s unless stallwatch_stalls_total%(sel)s offset %(window)s) > 0
+              sum by (instance, job, target, mode, op, cause) (stallwatch_stalls_total%(sel)s unless stallwatch_stalls_total%(sel)s offset %(window)s) > 0
             ||| % f,
             labels: { severity: 'warning' },
             annotations: {
-              summary: '{{ $value | humanize }} {{ $labels.op }} stall(s) on {{ $labels.target }} ({{ $labels.instance }}) in %s' % u.durationWords(c.alertWindow),
+              summary: '{{ $value | humanize }} {{ $labels.op }} stall(s) on {{ $labels.target }} ({{ $labels.instance }}) in %s, cause {{ $labels.cause }}' % u.durationWords(c.alertWindow),
               description: u.fold(|||
                 {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
                 {{ $labels.instance }} exceeded the stall threshold {{ $value | humanize }} time(s)
-                in the last %s. Look at: http://{{ $labels.instance }}/api/stalls for each
-                stall's duration and the dirty/writeback bytes, io pressure and md sync state
+                in the last %s; the kernel held it in a wait point of cause
+                "{{ $labels.cause }}" (the README's causes table says what each means). Look at:
+                http://{{ $labels.instance }}/api/stalls for each stall's verdict, its sampled
+                wait points (wchan) and the dirty/writeback bytes, io pressure and md sync state
                 recorded while it lasted; the stall annotations on the dashboard; dmesg for
-                hung-task reports. A write (not fsync) stall with dirty bytes at the dirty
-                threshold is dirty-page throttling (balance_dirty_pages): lower vm.dirty_bytes or
-                find the process dirtying memory.
+                hung-task reports. dirty_throttle (balance_dirty_pages): lower vm.dirty_bytes or
+                find the process dirtying memory; frozen: a freeze or snapshot holds the
+                filesystem; remote: the network or FUSE server does not answer.
               ||| % u.durationWords(c.alertWindow)),
             },
           },

@@ -88,11 +88,11 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             hide: false,
             iconColor: 'red',
             datasource: ds,
-            expr: 'sum by (instance, target, mode, op) (increase(stallwatch_stalls_total{instance=~"$instance",target=~"$target"}[$__rate_interval])) > 0',
+            expr: 'sum by (instance, target, mode, op, cause) (increase(stallwatch_stalls_total{instance=~"$instance",target=~"$target"}[$__rate_interval])) > 0',
             step: '$__rate_interval',
-            titleFormat: 'stall: {{target}} {{mode}}/{{op}}',
-            textFormat: '{{instance}}: an op exceeded the stall threshold; details at /api/stalls',
-            tagKeys: 'target,op',
+            titleFormat: 'stall: {{target}} {{mode}}/{{op}} ({{cause}})',
+            textFormat: '{{instance}}: an op exceeded the stall threshold, held in the kernel by: {{cause}}; verdict and details at /api/stalls',
+            tagKeys: 'target,op,cause',
             useValueForTime: false,
           },
         ],
@@ -1389,6 +1389,117 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           },
         },
 
+        // Where the kernel held the stalled calls (issue 12).
+        {
+          type: 'timeseries',
+          id: 33,
+          title: 'Stalls by cause',
+          description: "Stalls per cause: where the kernel held the call, from the wait-point samples the agent took before the threshold was crossed (frozen, dirty_throttle, journal, writeback_wait, device_queue, md, remote; other: a wait point not in the agent's table; unknown: not sampled). Label cause of stallwatch_stalls_total. Each stall's verdict and samples: /api/stalls.",
+          datasource: ds,
+          gridPos: {
+            h: 8,
+            w: 12,
+            x: 0,
+            y: 63,
+          },
+          targets: [
+            {
+              datasource: ds,
+              expr: 'sum by (cause) (increase(stallwatch_stalls_total{instance=~"$instance",target=~"$target"}[$__rate_interval]))',
+              legendFormat: '{{cause}}',
+              refId: 'A',
+              range: true,
+              instant: false,
+            },
+          ],
+          fieldConfig: {
+            defaults: {
+              unit: 'none',
+              custom: {
+                drawStyle: 'bars',
+                lineWidth: 1,
+                fillOpacity: 80,
+                showPoints: 'never',
+                spanNulls: false,
+                axisSoftMin: 0,
+              },
+              color: {
+                mode: 'palette-classic',
+              },
+            },
+            overrides: [],
+          },
+          options: {
+            legend: {
+              displayMode: 'table',
+              placement: 'bottom',
+              showLegend: true,
+              calcs: [
+                'lastNotNull',
+                'max',
+              ],
+            },
+            tooltip: {
+              mode: 'multi',
+              sort: 'desc',
+            },
+          },
+        },
+        {
+          type: 'timeseries',
+          id: 34,
+          title: 'Blocked now, by cause',
+          description: 'Probe calls blocked past their sampling point (a quarter of the stall threshold) right now, by the cause sampled so far (stallwatch_probe_blocked_cause). Empty while nothing is blocked.',
+          datasource: ds,
+          gridPos: {
+            h: 8,
+            w: 12,
+            x: 12,
+            y: 63,
+          },
+          targets: [
+            {
+              datasource: ds,
+              expr: 'sum by (target, mode, op, cause) (stallwatch_probe_blocked_cause{instance=~"$instance",target=~"$target"})',
+              legendFormat: '{{target}} {{mode}}/{{op}}: {{cause}}',
+              refId: 'A',
+              range: true,
+              instant: false,
+            },
+          ],
+          fieldConfig: {
+            defaults: {
+              unit: 'none',
+              custom: {
+                drawStyle: 'line',
+                lineWidth: 2,
+                fillOpacity: 30,
+                showPoints: 'never',
+                spanNulls: false,
+                axisSoftMin: 0,
+              },
+              color: {
+                mode: 'palette-classic',
+              },
+            },
+            overrides: [],
+          },
+          options: {
+            legend: {
+              displayMode: 'table',
+              placement: 'bottom',
+              showLegend: true,
+              calcs: [
+                'lastNotNull',
+                'max',
+              ],
+            },
+            tooltip: {
+              mode: 'multi',
+              sort: 'desc',
+            },
+          },
+        },
         // ---- row: Kernel writeback
         {
           type: 'row',
@@ -1399,7 +1510,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 1,
             w: 24,
             x: 0,
-            y: 63,
+            y: 71,
           },
           panels: [],
         },
@@ -1413,7 +1524,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 0,
-            y: 64,
+            y: 72,
           },
           targets: [
             {
@@ -1515,7 +1626,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 12,
-            y: 64,
+            y: 72,
           },
           targets: [
             {
@@ -1598,7 +1709,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 0,
-            y: 72,
+            y: 80,
           },
           targets: [
             {
@@ -1661,7 +1772,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 12,
-            y: 72,
+            y: 80,
           },
           targets: [
             {
@@ -1724,7 +1835,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 6,
             w: 24,
             x: 0,
-            y: 80,
+            y: 88,
           },
           targets: [
             {
@@ -1866,7 +1977,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 1,
             w: 24,
             x: 0,
-            y: 86,
+            y: 94,
           },
           panels: [],
         },
@@ -1880,7 +1991,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 0,
-            y: 87,
+            y: 95,
           },
           targets: [
             {
@@ -1943,7 +2054,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 12,
-            y: 87,
+            y: 95,
           },
           targets: [
             {
@@ -1998,7 +2109,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 0,
-            y: 95,
+            y: 103,
           },
           targets: [
             {
@@ -2053,7 +2164,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             h: 8,
             w: 12,
             x: 12,
-            y: 95,
+            y: 103,
           },
           targets: [
             {

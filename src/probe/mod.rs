@@ -27,6 +27,7 @@ use crate::mounts::{self, Mount};
 use crate::op::{ops_of, Failure, Op};
 use crate::stalls::{FinishedCall, LaneKey, StallLog, TargetDevices};
 use crate::sync::{lock, Shutdown};
+use crate::waits::LaneWaits;
 pub use metrics::{register_inflight, ProbeMetrics, SkipReason, BUCKETS};
 use ops::{Observer, OpError};
 
@@ -93,6 +94,8 @@ pub struct Lane {
     /// The ops this lane times, in order.
     pub ops: &'static [Op],
     pub inflight: InflightSlot,
+    /// The lane thread's id and the wait-point samples of its blocked call.
+    pub waits: LaneWaits,
     sched: Mutex<Sched>,
     state: Mutex<LaneState>,
     /// `stallwatch_probes_skipped_total{reason="in_flight"}` of the target, and the
@@ -177,6 +180,7 @@ impl TargetShared {
                 mode,
                 ops: ops_of(mode, target.sync),
                 inflight: InflightSlot::default(),
+                waits: LaneWaits::default(),
                 sched: Mutex::new(Sched {
                     next_due: start + target.interval * i as u32 / n,
                     running: false,
@@ -463,12 +467,14 @@ impl Observer for Recorder<'_> {
                 name: &t.name,
             };
             let others = self.target.blocked_besides(self.lane);
+            let seq = self.seq.get();
             let call = FinishedCall {
                 mode,
                 op,
-                seq: self.seq.get(),
+                seq,
                 elapsed,
                 failure,
+                waits: self.lane.waits.of(seq),
             };
             self.ctx.stalls.finished(key, call, &others);
         }
@@ -509,6 +515,8 @@ impl Worker {
 
     /// Runs cycles at the target's interval until shutdown, then removes its files.
     pub fn run(mut self) {
+        // Other threads sample this thread's wait point while a call is blocked.
+        self.lane().waits.set_tid_here();
         let interval = self.target.target.interval;
         loop {
             let due = lock(&self.lane().sched).next_due;
