@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::{Config, Source};
+use crate::history::History;
 use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
@@ -45,7 +46,9 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     // Each module registers the families it owns; the scrape encodes the registry.
     let registry = metrics::registry();
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
+    let history = Arc::new(History::new());
     let sampler = Sampler {
+        history: Arc::clone(&history),
         metrics: SamplerMetrics::new(&registry),
         roots: roots.clone(),
         interval: config.vm_interval,
@@ -53,6 +56,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     let ctx = Arc::new(Context {
         metrics: Arc::new(ProbeMetrics::new(&registry)),
         stalls: Arc::clone(&stalls),
+        history: Arc::clone(&history),
         roots,
     });
 
@@ -105,6 +109,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         registry,
         stalls,
         targets,
+        history,
         telemetry_path,
         reload,
     }));

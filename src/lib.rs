@@ -1,13 +1,15 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
-//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`) → the workers
+//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`,
+//! `history`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
 pub mod agent;
 pub mod blockdev;
 pub mod config;
+pub mod history;
 pub mod inflight;
 pub mod kernfs;
 pub mod metrics;

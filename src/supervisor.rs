@@ -263,6 +263,7 @@ mod tests {
         let ctx = Arc::new(Context {
             metrics: Arc::new(ProbeMetrics::new(&r)),
             stalls: Arc::new(StallLog::new(4, &r)),
+            history: Arc::default(),
             roots: Roots::default(),
         });
         let mut s = Supervisor::new(ctx);

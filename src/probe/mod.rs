@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use crate::blockdev;
 use crate::config::{Mode, Target};
+use crate::history::History;
 use crate::inflight::{InFlightOp, InflightSlot};
 use crate::kernfs::Roots;
 use crate::mounts::{self, Mount};
@@ -226,6 +227,7 @@ impl TargetShared {
             .remove_target(&self.target, &self.ops, mount.as_ref());
         ctx.stalls
             .remove_target(self.index, &self.target.name, &self.ops);
+        ctx.history.remove_target(self.index);
     }
 
     pub fn status(&self) -> Status {
@@ -429,6 +431,8 @@ impl Lane {
 pub struct Context {
     pub metrics: Arc<ProbeMetrics>,
     pub stalls: Arc<StallLog>,
+    /// The last hour of every op's latencies, for the live page.
+    pub history: Arc<History>,
     /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
     pub roots: Roots,
 }
@@ -455,6 +459,9 @@ impl Observer for Recorder<'_> {
         let t = &self.target.target;
         if failure.is_none() && op != Op::Prepare {
             self.ctx.metrics.observe(&t.name, mode, op, elapsed);
+            self.ctx
+                .history
+                .record(self.target.index, mode, op, elapsed, SystemTime::now());
         }
         if elapsed >= t.stall_threshold {
             let key = LaneKey {
@@ -492,6 +499,12 @@ impl Worker {
     pub fn new(target: Arc<TargetShared>, lane: usize, ctx: Arc<Context>) -> Worker {
         if lane == 0 {
             ctx.stalls.add_target(&target.target.name, &target.ops);
+            ctx.history.add_target(
+                target.index,
+                &target.target.name,
+                &target.ops,
+                target.target.interval,
+            );
         }
         Worker {
             target,
@@ -702,6 +715,7 @@ mod tests {
         let ctx = Arc::new(Context {
             metrics,
             stalls: Arc::new(StallLog::new(4, &registry)),
+            history: Arc::default(),
             roots,
         });
         let w = (0..shared.lanes.len())
