@@ -31,6 +31,16 @@ pub const RETAIN: Duration = Duration::from_secs(3600);
 /// that of the first `MEDIAN_OF` calls.
 const MEDIAN_OF: usize = 16;
 
+/// `v` to `digits` significant digits: far finer than a latency means, and a third of
+/// the JSON of a full f32.
+fn round_sig(v: f32, digits: i32) -> f32 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let scale = 10f64.powi(digits - 1 - (v.abs() as f64).log10().floor() as i32);
+    ((v as f64 * scale).round() / scale) as f32
+}
+
 /// Unix time in whole seconds.
 fn unix_secs(t: SystemTime) -> u32 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -146,12 +156,91 @@ impl Open {
     }
 }
 
+/// Seconds per point of the coarse ring, which answers the 1 h view without folding an
+/// hour of one-second slots at every page load.
+pub const COARSE_STEP: u32 = 10;
+
+/// A coarse step being filled from closed one-second slots.
+#[derive(Clone, Copy)]
+struct CoarseOpen {
+    t: u32,
+    count: u32,
+    min: f32,
+    max: f32,
+    n: usize,
+    /// Each second's median and call count.
+    medians: [(f32, u32); COARSE_STEP as usize],
+}
+
+impl CoarseOpen {
+    fn new(p: &LatencyPoint) -> CoarseOpen {
+        let mut c = CoarseOpen {
+            t: p.t - p.t % COARSE_STEP,
+            count: 0,
+            min: f32::INFINITY,
+            max: f32::NEG_INFINITY,
+            n: 0,
+            medians: [(0.0, 0); COARSE_STEP as usize],
+        };
+        c.add(p);
+        c
+    }
+
+    fn add(&mut self, p: &LatencyPoint) {
+        self.count += p.count;
+        self.min = self.min.min(p.min);
+        self.max = self.max.max(p.max);
+        if self.n < self.medians.len() {
+            self.medians[self.n] = (p.p50, p.count);
+            self.n += 1;
+        }
+    }
+
+    fn point(&self) -> LatencyPoint {
+        let mut m = self.medians;
+        LatencyPoint {
+            t: self.t,
+            count: self.count,
+            min: self.min,
+            p50: weighted_median(&mut m[..self.n]),
+            max: self.max,
+        }
+    }
+}
+
+/// The count-weighted median of (value, count) pairs; sorts them.
+fn weighted_median(v: &mut [(f32, u32)]) -> f32 {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: u32 = v.iter().map(|x| x.1).sum();
+    let mut acc = 0;
+    v.iter()
+        .find(|(_, c)| {
+            acc += c;
+            acc * 2 >= total
+        })
+        .map_or(f32::NAN, |x| x.0)
+}
+
 struct LatencyRing {
     done: Ring<LatencyPoint>,
     open: Option<Open>,
+    /// The same calls in steps of `COARSE_STEP` seconds.
+    coarse: Ring<LatencyPoint>,
+    coarse_open: Option<CoarseOpen>,
 }
 
 impl LatencyRing {
+    /// The rings for an hour of calls every `interval`.
+    fn new(interval: Duration) -> LatencyRing {
+        let coarse = interval.max(Duration::from_secs(COARSE_STEP as u64));
+        LatencyRing {
+            done: Ring::new(slots_for(interval)),
+            open: None,
+            coarse: Ring::new(slots_for(coarse)),
+            coarse_open: None,
+        }
+    }
+
     fn record(&mut self, t: u32, seconds: f32) {
         match &mut self.open {
             Some(o) if o.t == t => o.add(seconds),
@@ -161,18 +250,58 @@ impl LatencyRing {
                 let p = o.point();
                 self.done.push(p);
                 self.open = Some(Open::new(t, seconds));
+                self.fold_coarse(&p);
             }
             None => self.open = Some(Open::new(t, seconds)),
         }
     }
 
-    /// The points at or after `from`, oldest first.
+    fn fold_coarse(&mut self, p: &LatencyPoint) {
+        match &mut self.coarse_open {
+            Some(c) if c.t == p.t - p.t % COARSE_STEP => c.add(p),
+            Some(c) => {
+                let done = c.point();
+                self.coarse.push(done);
+                self.coarse_open = Some(CoarseOpen::new(p));
+            }
+            None => self.coarse_open = Some(CoarseOpen::new(p)),
+        }
+    }
+
+    /// The one-second points at or after `from`, oldest first.
     fn since(&self, from: u32, out: &mut Vec<LatencyPoint>) {
         let newer = self.done.iter().rev().take_while(|p| p.t >= from).count();
+        out.reserve(newer + 1);
         out.extend(self.done.iter().skip(self.done.buf.len() - newer).copied());
         if let Some(o) = self.open.as_ref().filter(|o| o.t >= from) {
             out.push(o.point());
         }
+    }
+
+    /// The `COARSE_STEP`-second points whose step starts at or after `from`, oldest
+    /// first, the steps being filled included.
+    fn since_coarse(&self, from: u32, out: &mut Vec<LatencyPoint>) {
+        let newer = self.coarse.iter().rev().take_while(|p| p.t >= from).count();
+        out.reserve(newer + 2);
+        out.extend(
+            self.coarse
+                .iter()
+                .skip(self.coarse.buf.len() - newer)
+                .copied(),
+        );
+        let mut tail = self.coarse_open;
+        if let Some(o) = &self.open {
+            let p = o.point();
+            match &mut tail {
+                Some(c) if c.t == p.t - p.t % COARSE_STEP => c.add(&p),
+                Some(c) => {
+                    out.push(c.point());
+                    tail = Some(CoarseOpen::new(&p));
+                }
+                None => tail = Some(CoarseOpen::new(&p)),
+            }
+        }
+        out.extend(tail.filter(|c| c.t >= from).map(|c| c.point()));
     }
 }
 
@@ -189,11 +318,11 @@ pub struct TargetHistory {
     pub series: Vec<OpSeries>,
 }
 
-/// Slots an hour needs at `interval`: one per cycle, one per second at most, and a few
-/// more for cycles that straddle a second.
+/// Slots an hour needs at `interval`: one per cycle, one per second at most, and two
+/// more: the hour is kept whole beside the second being filled.
 fn slots_for(interval: Duration) -> usize {
     let per = interval.as_secs_f64().max(1.0);
-    (RETAIN.as_secs_f64() / per).ceil() as usize + 8
+    (RETAIN.as_secs_f64() / per).ceil() as usize + 2
 }
 
 /// One second of the kernel's state.
@@ -241,7 +370,6 @@ impl History {
 
     /// Starts the (empty) history of target number `index`, probed every `interval`.
     pub fn add_target(&self, index: usize, name: &str, ops: &[(Mode, Op)], interval: Duration) {
-        let cap = slots_for(interval);
         let h = TargetHistory {
             name: name.to_owned(),
             series: ops
@@ -249,10 +377,7 @@ impl History {
                 .map(|&(mode, op)| OpSeries {
                     mode,
                     op,
-                    ring: Mutex::new(LatencyRing {
-                        done: Ring::new(cap),
-                        open: None,
-                    }),
+                    ring: Mutex::new(LatencyRing::new(interval)),
                 })
                 .collect(),
         };
@@ -285,7 +410,8 @@ impl History {
             return;
         };
         if let Some(s) = t.series.iter().find(|s| s.mode == mode && s.op == op) {
-            lock(&s.ring).record(unix_secs(at), elapsed.as_secs_f32());
+            let v = round_sig(elapsed.as_secs_f32(), 4);
+            lock(&s.ring).record(unix_secs(at), v);
         }
     }
 
@@ -298,8 +424,8 @@ impl History {
                 let dt = s.at.saturating_duration_since(at0).as_secs_f64();
                 if dt > 0.0 {
                     (
-                        ((p.some_seconds - s0) / dt).clamp(0.0, 1.0) as f32,
-                        ((p.full_seconds - f0) / dt).clamp(0.0, 1.0) as f32,
+                        round_sig(((p.some_seconds - s0) / dt).clamp(0.0, 1.0) as f32, 3),
+                        round_sig(((p.full_seconds - f0) / dt).clamp(0.0, 1.0) as f32, 3),
                     )
                 } else {
                     (f32::NAN, f32::NAN)
@@ -369,11 +495,27 @@ impl OpSeries {
         lock(&self.ring).since(from, &mut out);
         out
     }
+
+    /// The points at or after `from` in steps of `step` seconds (see [`step_latency`]):
+    /// from the coarse ring when `step` is a multiple of [`COARSE_STEP`], so an hour is
+    /// 360 points to copy, not 3600 to fold.
+    pub fn stepped(&self, from: u32, step: u32) -> Vec<LatencyPoint> {
+        let mut out = Vec::new();
+        if step > 1 && step.is_multiple_of(COARSE_STEP) {
+            lock(&self.ring).since_coarse(from - from % COARSE_STEP, &mut out);
+            if step == COARSE_STEP {
+                return out;
+            }
+        } else {
+            lock(&self.ring).since(from, &mut out);
+        }
+        step_latency(&out, step)
+    }
 }
 
-/// Folds one-second latency points into steps of `step` seconds (aligned to multiples
-/// of `step` in Unix time): count summed, min of the mins, max of the maxima, and as
-/// median the count-weighted median of the seconds' medians.
+/// Folds latency points into steps of `step` seconds (aligned to multiples of `step` in
+/// Unix time): count summed, min of the mins, max of the maxima, and as median the
+/// count-weighted median of the points' medians.
 pub fn step_latency(points: &[LatencyPoint], step: u32) -> Vec<LatencyPoint> {
     if step <= 1 {
         return points.to_vec();
@@ -390,16 +532,8 @@ pub fn step_latency(points: &[LatencyPoint], step: u32) -> Vec<LatencyPoint> {
         let group = &points[i..j];
         buf.clear();
         buf.extend(group.iter().map(|p| (p.p50, p.count)));
-        buf.sort_by(|a, b| a.0.total_cmp(&b.0));
         let total: u32 = group.iter().map(|p| p.count).sum();
-        let mut acc = 0;
-        let p50 = buf
-            .iter()
-            .find(|(_, c)| {
-                acc += c;
-                acc * 2 >= total
-            })
-            .map_or(f32::NAN, |x| x.0);
+        let p50 = weighted_median(&mut buf);
         out.push(LatencyPoint {
             t,
             count: total,
@@ -495,6 +629,17 @@ mod tests {
     }
 
     #[test]
+    fn latencies_are_kept_to_four_digits() {
+        assert_eq!(round_sig(0.001_234_567, 4), 0.001_235);
+        assert_eq!(round_sig(12.345_67, 4), 12.35);
+        assert_eq!(round_sig(0.0, 4), 0.0);
+        assert_eq!(
+            serde_json::to_string(&round_sig(0.000_018_972_341, 4)).unwrap(),
+            "0.00001897"
+        );
+    }
+
+    #[test]
     fn an_hour_is_kept_and_no_more_at_any_interval() {
         for interval in [ms(100), ms(1000), ms(10_000)] {
             let h = History::new();
@@ -532,6 +677,41 @@ mod tests {
         let s = step_latency(&pts, 10);
         assert_eq!(s, vec![p(100, 5, 0.5, 2.0, 9.0), p(110, 1, 4.0, 4.0, 4.0)]);
         assert_eq!(step_latency(&pts, 1), pts.to_vec());
+    }
+
+    #[test]
+    fn the_coarse_ring_answers_as_folding_the_seconds_would() {
+        let h = History::new();
+        h.add_target(0, "t", &[(Mode::Create, Op::Create)], ms(100));
+        let mut x: u64 = 88172645463325252;
+        for i in 0..2000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            h.record(
+                0,
+                Mode::Create,
+                Op::Create,
+                ms(1 + x % 50),
+                at(7_000) + ms(i * 130),
+            );
+        }
+        let s = &h.target(0).unwrap().series[0];
+        for from in [0, 7_003, 7_010, 7_250] {
+            let want = step_latency(&s.since(from - from % 10), 10);
+            assert_eq!(s.stepped(from, 10), want, "from {from}");
+            // Longer steps fold the 10 s steps: the same counts and extremes; the median
+            // is the weighted median of the 10 s medians.
+            for step in [20, 60] {
+                let want = step_latency(&s.since(from - from % 10), step);
+                let got = s.stepped(from, step);
+                let key = |v: &[LatencyPoint]| -> Vec<(u32, u32, f32, f32)> {
+                    v.iter().map(|p| (p.t, p.count, p.min, p.max)).collect()
+                };
+                assert_eq!(key(&got), key(&want), "from {from} step {step}");
+            }
+        }
+        assert_eq!(s.stepped(7_003, 5), step_latency(&s.since(7_003), 5));
     }
 
     fn sample(at: Instant, dirty: u64, some: f64) -> VmSample {
