@@ -455,7 +455,8 @@ pub fn history_json(
                     .map(|s| SeriesBody {
                         mode: s.mode.as_str(),
                         op: s.op.as_str(),
-                        points: history::step_latency(&s.since(from), step)
+                        points: s
+                            .stepped(from, step)
                             .into_iter()
                             .map(|p| (p.t, p.min, p.p50, p.max, p.count))
                             .collect(),
@@ -536,4 +537,271 @@ async fn api_history(State(app): State<Arc<App>>, Query(q): Query<HistoryQuery>)
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mode, SyncKind, Target};
+    use crate::kernfs::Roots;
+    use crate::op::Op;
+    use crate::probe::{ProbeMetrics, TargetShared};
+    use crate::stalls::{FinishedCall, LaneKey};
+    use crate::vm::{IoPressureTotals, VmCounters, VmSample};
+    use std::time::{Duration, Instant};
+
+    /// This thread's CPU time, so time waiting for a CPU held by other processes of a
+    /// shared machine is not counted.
+    fn thread_cpu_ns() -> u64 {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    }
+
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * crate::vm::page_size()
+    }
+
+    /// 8 targets with the default modes (5 ops each) probed every second for a full
+    /// hour, a kernel sample every second, and a full stall ring (256 events).
+    fn full_hour() -> (App, u64) {
+        let registry = prometheus::Registry::new();
+        let metrics = ProbeMetrics::new(&registry);
+        let rss0 = rss_bytes();
+        let history = Arc::new(History::new());
+        let stalls = Arc::new(StallLog::new(256, &registry));
+        let mut shared = Vec::new();
+        for i in 0..8 {
+            let t = Target {
+                name: format!("target{i}"),
+                path: format!("/srv/disk{i}").into(),
+                interval: Duration::from_secs(1),
+                modes: vec![Mode::Create, Mode::Overwrite],
+                size: 4096,
+                sync: SyncKind::Fsync,
+                require_mountpoint: true,
+                stall_threshold: Duration::from_secs(1),
+                rotate_size: 64 << 20,
+            };
+            let ts = TargetShared::new(i, t, i * 2, &metrics, &Roots::default());
+            history.add_target(i, &ts.target.name, &ts.ops, ts.target.interval);
+            shared.push(Arc::new(ts));
+        }
+        let now = SystemTime::now();
+        let t0 = Instant::now();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let hour = history::RETAIN.as_secs();
+        for s in 0..hour {
+            let at = now - Duration::from_secs(hour - s);
+            for ts in &shared {
+                for &(mode, op) in &ts.ops {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let ns = 5_000 + x % 2_000_000;
+                    history.record(ts.index, mode, op, Duration::from_nanos(ns), at);
+                }
+            }
+            let sample = VmSample {
+                at: t0 + Duration::from_secs(s),
+                counters: VmCounters {
+                    dirty_bytes: (x % (1 << 30)),
+                    writeback_bytes: x % (1 << 24),
+                    dirty_threshold_bytes: 4 << 30,
+                    dirty_background_threshold_bytes: 2 << 30,
+                    ..Default::default()
+                },
+                pressure: Some(IoPressureTotals {
+                    some_seconds: s as f64 * 0.1,
+                    full_seconds: s as f64 * 0.01,
+                }),
+                sysctls: None,
+            };
+            history.record_kernel(&sample, at);
+        }
+        let rss = rss_bytes().saturating_sub(rss0);
+        for seq in 0..256u64 {
+            let key = LaneKey {
+                target: (seq % 8) as usize,
+                lane: (seq % 16) as usize,
+                name: &shared[(seq % 8) as usize].target.name,
+            };
+            let call = FinishedCall {
+                mode: Mode::Overwrite,
+                op: Op::Fsync,
+                seq,
+                elapsed: Duration::from_millis(1500),
+                failure: None,
+            };
+            stalls.finished(key, call, &[]);
+        }
+        let app = App {
+            registry,
+            stalls,
+            targets: Arc::new(Targets::new(shared)),
+            history,
+            telemetry_path: "/metrics".into(),
+            reload: None,
+        };
+        (app, rss)
+    }
+
+    #[test]
+    fn the_history_answer_has_every_target_op_and_second() {
+        let (app, _) = full_hour();
+        let v: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(300), None)).unwrap();
+        assert_eq!(v["step"], 1);
+        let targets = v["targets"].as_array().unwrap();
+        assert_eq!(targets.len(), 8);
+        for t in targets {
+            let series = t["series"].as_array().unwrap();
+            assert_eq!(series.len(), 5, "{}", t["name"]);
+            for s in series {
+                let n = s["points"].as_array().unwrap().len();
+                assert!((299..=301).contains(&n), "{n} points in 5 min at 1 s");
+            }
+        }
+        let k = v["kernel"].as_array().unwrap();
+        assert!((299..=301).contains(&k.len()), "{}", k.len());
+        assert_eq!(k[10][4], 4u64 << 30);
+        assert_eq!(v["stalls"].as_array().unwrap().len(), 256);
+        let hour: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(3600), None)).unwrap();
+        assert_eq!(hour["step"], 10);
+        let n = hour["targets"][0]["series"][0]["points"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!((359..=361).contains(&n), "{n} points in 1 h at 10 s steps");
+        // A poll asks only for what is new.
+        let since = hour["now"].as_f64().unwrap() - 2.0;
+        let poll: serde_json::Value =
+            serde_json::from_str(&history_json(&app, Some(since), Some(300), None)).unwrap();
+        let n = poll["targets"][0]["series"][0]["points"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(n <= 3, "{n} points since 2 s ago");
+    }
+
+    /// The cost figures of BENCHMARKS.md ("History endpoint"). Run in release:
+    /// `cargo test --release --lib routes::tests::history_endpoint_cost -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark: prints figures; run in release"]
+    fn history_endpoint_cost() {
+        let (app, rss) = full_hour();
+        println!(
+            "history of 8 targets x 5 ops, 1 s interval, full hour: {} bytes allocated ({:.2} MiB), RSS grew {:.2} MiB while filling",
+            app.history.allocated_bytes(),
+            app.history.allocated_bytes() as f64 / (1 << 20) as f64,
+            rss as f64 / (1 << 20) as f64
+        );
+        // Where the time of a full hour goes: copying and folding the points, or JSON.
+        let from = (SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 3600) as u32;
+        let t = Instant::now();
+        let mut n = 0;
+        for _ in 0..20 {
+            for i in 0..8 {
+                for s in &app.history.target(i).unwrap().series {
+                    n += s.stepped(from, 10).len();
+                }
+            }
+        }
+        println!(
+            "copy of 40 series x 1 h in 10 s steps: {:.3} ms ({} points)",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0,
+            n / 20
+        );
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(history_json(&app, None, Some(3600), None));
+        }
+        println!(
+            "history_json, 1 h: {:.3} ms",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(serde_json::to_string(&app.stalls.events()).unwrap());
+        }
+        println!(
+            "256 stall events to JSON: {:.3} ms",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
+        let app = Arc::new(app);
+        let router = super::app(Arc::clone(&app));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let cases = [
+            (
+                "poll, 5 min range (since 2 s ago)",
+                format!("/api/history?range=300&since={}", now - 2.0),
+            ),
+            (
+                "poll, 1 h range (since 10 s ago)",
+                format!("/api/history?range=3600&since={}", now - 10.0),
+            ),
+            (
+                "first load, 5 min range",
+                "/api/history?range=300".to_owned(),
+            ),
+            (
+                "first load, 1 h range (10 s steps)",
+                "/api/history?range=3600".to_owned(),
+            ),
+        ];
+        for (what, uri) in &cases {
+            for gzip in [false, true] {
+                let mut times = Vec::new();
+                let mut cpu = Vec::new();
+                let mut bytes = 0;
+                let n = 400;
+                for _ in 0..n {
+                    let mut req = axum::http::Request::get(uri.as_str());
+                    if gzip {
+                        req = req.header("accept-encoding", "gzip");
+                    }
+                    let req = req.body(axum::body::Body::empty()).unwrap();
+                    let t = Instant::now();
+                    let c0 = thread_cpu_ns();
+                    let body = rt.block_on(async {
+                        use tower::ServiceExt as _;
+                        let r = router.clone().oneshot(req).await.unwrap();
+                        assert_eq!(r.status(), StatusCode::OK);
+                        axum::body::to_bytes(r.into_body(), usize::MAX)
+                            .await
+                            .unwrap()
+                    });
+                    times.push(t.elapsed());
+                    cpu.push(thread_cpu_ns() - c0);
+                    bytes = body.len();
+                }
+                times.sort();
+                cpu.sort();
+                let p = |q: f64| times[((n as f64 * q) as usize).min(n - 1)].as_secs_f64() * 1e3;
+                let c = |q: f64| cpu[((n as f64 * q) as usize).min(n - 1)] as f64 / 1e6;
+                println!(
+                    "{what}{}: {bytes} bytes; wall p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; CPU p50 {:.3} ms, p99 {:.3} ms ({n} requests)",
+                    if gzip { ", gzip" } else { "" },
+                    p(0.5),
+                    p(0.99),
+                    times[n - 1].as_secs_f64() * 1e3,
+                    c(0.5),
+                    c(0.99),
+                );
+            }
+        }
+    }
 }
