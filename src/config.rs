@@ -863,6 +863,14 @@ targets:
                 &["telemetry_path", "line 1"],
             ),
             (
+                "telemetry_path: /api/history\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
+                "telemetry_path: /assets/page.js\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
                 "stall_log_size: 0\ntargets:\n  - path: /a\n",
                 &["stall_log_size", "out of range", "line 1"],
             ),
