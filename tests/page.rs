@@ -376,7 +376,13 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
         kernel["thr"].as_f64().unwrap() > kernel["bg"].as_f64().unwrap(),
         "throttling above background threshold: {kernel}"
     );
-    std::thread::sleep(Duration::from_secs(4));
+    // STALLWATCH_PAGE_WARMUP=SECONDS lets more history gather before the screenshots
+    // (the ones in docs/ were taken with 120).
+    let warmup = std::env::var("STALLWATCH_PAGE_WARMUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    std::thread::sleep(Duration::from_secs(warmup));
     s.screenshot("healthy.png");
 
     // Freeze the WAL filesystem: every lane of `wal` blocks.
@@ -449,6 +455,21 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
         "no blocked call once thawed",
         Duration::from_secs(15),
         "return document.querySelectorAll('#blocked .blocked-age').length === 0",
+    );
+    // The 1 h range: every chart spans the hour and still has its points.
+    s.js("document.querySelector('input[name=range][value=\"3600\"]').click()");
+    let span = s.wait_js(
+        "the 1 h range",
+        Duration::from_secs(10),
+        "const s = window.stallwatch; if (s.range !== 3600 || !s.layout) return null;
+         const spans = Object.values(s.charts).map(u => u.scales.x.max - u.scales.x.min);
+         const pts = Object.entries(s.charts).filter(([k]) => k.includes('|')).map(([k, u]) => u.data[0].length);
+         return pts.every(n => n > 0) ? [Math.min(...spans), Math.max(...spans), Math.min(...pts)] : null;",
+    );
+    eprintln!("1 h range: x spans and fewest points {span}");
+    assert!(
+        (3590.0..=3610.0).contains(&span[0].as_f64().unwrap()),
+        "{span}"
     );
     let n = assert_all_local(&s, "http");
     eprintln!("{n} requests, all to 127.0.0.1");
@@ -542,6 +563,23 @@ fn without_javascript_the_page_shows_its_tables() {
     ] {
         assert!(html.contains(want), "GET / lacks {want:?}:\n{html}");
     }
+    // Page weight: the page and everything it loads (all under /assets/), as sent.
+    let mut total = html.len();
+    let mut assets = Vec::new();
+    for part in html.split("/assets/").skip(1) {
+        let name = part.split('"').next().unwrap();
+        let (status, body, _) = agent.get(&format!("/assets/{name}"));
+        assert_eq!(status, 200, "/assets/{name}");
+        assets.push((name.to_owned(), body.len()));
+        total += body.len();
+    }
+    eprintln!("page weight: {total} bytes: / {} B, {assets:?}", html.len());
+    assert_eq!(
+        assets.len(),
+        4,
+        "uPlot's script and style, the page's: {assets:?}"
+    );
+    assert!(total <= 200_000, "page weight {total} bytes");
     // And in a browser with scripts off: the tables show, the chart sections stay hidden.
     let driver = Driver::start();
     let s = driver.session(false);
@@ -553,11 +591,16 @@ fn without_javascript_the_page_shows_its_tables() {
     let v = s.js(
         "return {rows: document.querySelectorAll('#targets tr').length,
                  latencyHidden: document.getElementById('latency').hidden,
+                 controlsShown: getComputedStyle(document.getElementById('controls')).display !== 'none',
                  polls: window.stallwatch ? window.stallwatch.polls : null,
                  noscript: document.querySelector('noscript') !== null}",
     );
     eprintln!("without javascript: {v}");
     assert_eq!(v["rows"], 2, "header and the one target: {v}");
     assert_eq!(v["latencyHidden"], true, "{v}");
+    assert_eq!(
+        v["controlsShown"], false,
+        "no range buttons that do nothing: {v}"
+    );
     assert!(v["polls"].is_null(), "the page script did not run: {v}");
 }
