@@ -33,6 +33,12 @@
     var m = Math.floor(s / 60);
     return m + ' min ' + Math.floor(s - m * 60) + ' s';
   }
+  // Axis labels: short, never minutes (a label must fit 58 px).
+  function fmtAxis(s) {
+    if (s < 0.001) return +(s * 1e6).toPrecision(3) + ' µs';
+    if (s < 1) return +(s * 1e3).toPrecision(3) + ' ms';
+    return +s.toPrecision(3) + ' s';
+  }
   function fmtAge(s) {
     if (s < 60) return s.toFixed(1) + ' s';
     var m = Math.floor(s / 60);
@@ -115,11 +121,18 @@
 
   var timer = null;
   var inFlightFetch = false;
+  var wantFull = false;
   function poll(full) {
     if (timer) clearTimeout(timer);
     timer = null;
-    if (inFlightFetch) return;
+    if (inFlightFetch) {
+      // A range change during a request: reload in full once it is answered.
+      if (full) wantFull = true;
+      return;
+    }
     inFlightFetch = true;
+    wantFull = false;
+    var range = S.range;
     // From the origin, not the document's URL: that may carry user:password@, which
     // fetch refuses; the browser sends the credentials it holds for the origin.
     var q = location.origin + '/api/history?range=' + S.range + '&step=' + S.step;
@@ -131,7 +144,8 @@
       })
       .then(function (d) {
         S.error = null;
-        apply(d, full);
+        // An answer for the range shown before a change is dropped.
+        if (range === S.range && !wantFull) apply(d, full);
       })
       .catch(function (e) {
         S.error = String(e);
@@ -139,7 +153,8 @@
       })
       .then(function () {
         inFlightFetch = false;
-        timer = setTimeout(function () { poll(false); }, POLL_MS);
+        if (wantFull) poll(true);
+        else timer = setTimeout(function () { poll(false); }, POLL_MS);
       });
   }
 
@@ -161,20 +176,23 @@
   }
 
   // A horizontal line at `v` on scale `y`, labelled at its right end.
+  // `dash` null: only the label (the line is a series of the chart).
   function hline(u, v, color, label, dash, left) {
     if (v == null || !isFinite(v)) return;
     var y = u.valToPos(v, 'y', true);
     if (y < u.bbox.top - 1 || y > u.bbox.top + u.bbox.height + 1) return;
     var c = u.ctx;
     c.save();
-    c.strokeStyle = color;
-    c.lineWidth = 1.5 * devicePixelRatio;
-    c.setLineDash(dash ? [6 * devicePixelRatio, 4 * devicePixelRatio] : []);
-    c.beginPath();
-    c.moveTo(u.bbox.left, y);
-    c.lineTo(u.bbox.left + u.bbox.width, y);
-    c.stroke();
-    c.setLineDash([]);
+    if (dash != null) {
+      c.strokeStyle = color;
+      c.lineWidth = 1.5 * devicePixelRatio;
+      c.setLineDash(dash ? [6 * devicePixelRatio, 4 * devicePixelRatio] : []);
+      c.beginPath();
+      c.moveTo(u.bbox.left, y);
+      c.lineTo(u.bbox.left + u.bbox.width, y);
+      c.stroke();
+      c.setLineDash([]);
+    }
     c.fillStyle = color;
     c.font = 'bold ' + 11 * devicePixelRatio + 'px system-ui, sans-serif';
     c.textAlign = left ? 'left' : 'right';
@@ -246,7 +264,7 @@
           values: function (u, v) {
             return v.map(function (x) {
               var l = Math.log10(x);
-              return Math.abs(l - Math.round(l)) < 1e-6 ? fmtDur(x) : '';
+              return Math.abs(l - Math.round(l)) < 1e-6 ? fmtAxis(x) : '';
             });
           },
           size: 58,
@@ -347,16 +365,16 @@
         { value: function (u, v) { return v == null ? '–' : fmtTime(v); } },
         { label: 'dirty', stroke: '#d9730d', fill: 'rgba(217,115,13,0.15)', width: 2, value: function (u, v) { return fmtBytes(v); } },
         { label: 'under writeback', stroke: '#6a3fb5', width: 2, value: function (u, v) { return fmtBytes(v); } },
-        { label: 'background threshold', stroke: '#2e7d32', width: 1, dash: [6, 4], value: function (u, v) { return fmtBytes(v); } },
-        { label: 'throttling threshold', stroke: '#c62828', width: 1, dash: [6, 4], value: function (u, v) { return fmtBytes(v); } },
+        { label: 'background threshold', stroke: '#2e7d32', width: 2, dash: [8, 4], value: function (u, v) { return fmtBytes(v); } },
+        { label: 'throttling threshold', stroke: '#c62828', width: 2, dash: [8, 4], value: function (u, v) { return fmtBytes(v); } },
       ],
       hooks: {
         draw: [
           function (u) {
             var last = S.kernel[S.kernel.length - 1];
             if (!last) return;
-            hline(u, last[4], '#c62828', 'writers throttled above ' + fmtBytes(last[4]), false);
-            hline(u, last[3], '#2e7d32', 'background writeback from ' + fmtBytes(last[3]), false);
+            hline(u, last[4], '#c62828', 'throttling threshold: writers throttled above ' + fmtBytes(last[4]), null);
+            hline(u, last[3], '#2e7d32', 'background threshold: writeback starts at ' + fmtBytes(last[3]), null);
             placeStalls(u, function () { return true; });
           },
         ],

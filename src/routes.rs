@@ -234,7 +234,12 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
         h.push_str("</p>");
     }
     h.push_str(
-        "<section id=\"kernel\" hidden><div id=\"kernel-chart\" class=\"chart\"></div>\
+        "<section id=\"kernel\" hidden>\
+         <div class=\"card-title\">Page cache, whole host: dirty and under writeback \
+         against the background and throttling thresholds</div>\
+         <div id=\"kernel-chart\" class=\"chart\"></div>\
+         <div class=\"card-title\">I/O pressure (PSI), whole host: share of time some / \
+         all tasks were stalled on I/O</div>\
          <div id=\"psi-chart\" class=\"chart\"></div></section><h2>Recent stalls</h2>\
          <div id=\"stalls\">",
     );

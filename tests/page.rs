@@ -345,7 +345,7 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
     assert!(agent.wait_up("data") && agent.wait_up("wal"));
     let driver = Driver::start();
     let s = driver.session(true);
-    s.set_size(1400, 2300);
+    s.set_size(1400, 2800);
     s.goto(&agent.url("/"));
 
     let mut expected: Vec<String> = ops_of(&["create", "overwrite"])
