@@ -753,6 +753,15 @@ mod tests {
         ] {
             assert_eq!(m.observed("t", mode, op), 1, "{mode} {op}");
         }
+        // Every op timed is in the live page's history too, once, with its latency.
+        let h = ctx.history.target(shared.index).unwrap();
+        assert_eq!(h.series.len(), shared.ops.len());
+        for s in &h.series {
+            let p = s.since(0);
+            assert_eq!(p.len(), 1, "{} {}", s.mode, s.op);
+            assert_eq!(p[0].count, 1, "{} {}", s.mode, s.op);
+            assert!(p[0].max > 0.0, "{} {}", s.mode, s.op);
+        }
         assert_eq!(m.up_of("t"), 1);
         let st = shared.status();
         assert_eq!((st.state, st.cycles), (State::Up, 4));
