@@ -540,6 +540,15 @@
     }
   }
 
+  // A field of unknown shape in one table cell: a string as it is, an object by its
+  // first string field, else as JSON.
+  function brief(v) {
+    if (v == null) return '';
+    if (typeof v !== 'object') return String(v);
+    for (var k in v) if (typeof v[k] === 'string') return v[k];
+    return JSON.stringify(v);
+  }
+
   function renderStalls() {
     var box = document.getElementById('stalls');
     var evs = Object.keys(S.stalls).map(function (k) { return S.stalls[k]; });
@@ -549,9 +558,13 @@
       box.appendChild(el('p', null, 'None in the last ' + (S.range >= 3600 ? 'hour' : S.range / 60 + ' minutes') + '.'));
       return;
     }
+    // Fields some agents add (cause, verdict) get a column when any event has them.
+    var extra = ['cause', 'verdict'].filter(function (k) {
+      return evs.some(function (e) { return e[k] != null; });
+    });
     var tb = el('table', { class: 'stalls' });
     var hr = el('tr');
-    ['started', 'target', 'op', 'duration', 'also blocked', 'dirty max', 'writeback max', 'error', ''].forEach(function (h) {
+    ['started', 'target', 'op', 'duration'].concat(extra, ['also blocked', 'dirty max', 'writeback max', 'error', '']).forEach(function (h) {
       hr.appendChild(el('th', null, h));
     });
     tb.appendChild(hr);
@@ -563,11 +576,12 @@
         e.target,
         e.mode + ' ' + e.op,
         fmtDur(e.duration_seconds) + (e.ongoing ? ' (ongoing)' : ''),
+      ].concat(extra.map(function (k) { return brief(e[k]); }), [
         also,
         fmtBytes(e.vm && e.vm.dirty_bytes_max),
         fmtBytes(e.vm && e.vm.writeback_bytes_max),
         e.error || '',
-      ].forEach(function (v) { tr.appendChild(el('td', null, v)); });
+      ]).forEach(function (v) { tr.appendChild(el('td', null, v)); });
       var td = el('td');
       var btn = el('button', { class: 'open-stall' }, 'context');
       btn.addEventListener('click', openStall.bind(null, stallKey(e)));
@@ -629,6 +643,10 @@
     dlg.setAttribute('data-key', key);
     if (!dlg.open) dlg.showModal();
   }
+
+  // For tests and the console: re-render with what is in S.
+  S.openStall = openStall;
+  S.renderStalls = renderStalls;
 
   // ---- controls ----------------------------------------------------------------------
   document.querySelectorAll('input[name=range]').forEach(function (r) {

@@ -388,25 +388,47 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
     // Freeze the WAL filesystem: every lane of `wal` blocks.
     b.freeze();
     let frozen_at = Instant::now();
-    let age_of = |sel: &str| {
-        format!(
-            "const e = document.querySelector('section.target[data-target=\"wal\"] .blocked-age.over{sel}');
-             if (!e || e.offsetParent === null) return null;
-             const m = e.textContent.match(/for ([0-9.]+) s/);
-             return m ? [e.textContent, parseFloat(m[1]), e.dataset.op] : null;"
-        )
+    // Every blocked call's age as shown in the target's section: [op, seconds].
+    let ages = "return [...document.querySelectorAll('section.target[data-target=\"wal\"] .blocked-age.over')]
+         .filter(e => e.offsetParent !== null)
+         .map(e => [e.dataset.op, parseFloat((e.textContent.match(/for ([0-9.]+) s/) || [])[1])]);";
+    let read = |s: &Session<'_>| -> Vec<(String, f64)> {
+        s.js(ages)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v[0].as_str().unwrap().to_owned(),
+                    v[1].as_f64().unwrap_or(-1.0),
+                )
+            })
+            .collect()
     };
-    let first = s.wait_js(
-        "a blocked call's age on screen",
-        Duration::from_secs(15),
-        &age_of(""),
-    );
-    std::thread::sleep(Duration::from_millis(1500));
-    // The same call, read again from the screen.
-    let op = first[2].as_str().unwrap().to_owned();
-    let second = s.js(&age_of(&format!("[data-op=\"{op}\"]")));
-    eprintln!("blocked age on screen: {first} then {second}");
-    let (a1, a2) = (first[1].as_f64().unwrap(), second[1].as_f64().unwrap());
+    // Two reads 1.5 s apart; a call that was slow before the freeze may return between
+    // them, so look for one shown both times.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rising = loop {
+        let first = read(&s);
+        if !first.is_empty() {
+            std::thread::sleep(Duration::from_millis(1500));
+            let second = read(&s);
+            eprintln!("blocked ages on screen: {first:?} then {second:?}");
+            let same = first.iter().find_map(|(op, a1)| {
+                let a2 = second.iter().find(|(o, _)| o == op)?.1;
+                Some((op.clone(), *a1, a2))
+            });
+            if let Some(x) = same {
+                break x;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no blocked call's age on screen twice"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (op, a1, a2) = rising;
     assert!(
         a2 >= a1 + 1.0,
         "the age of {op} counts up while the call is blocked: {a1} then {a2}"
@@ -448,6 +470,34 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
         );
     }
     s.screenshot("stall-context.png");
+    // Fields the agent may add later (cause, verdict, anything) show without a page
+    // change: in the dialog, generically, and as table columns for the known two.
+    let extra = s.js(
+        "const s = window.stallwatch; const k = Object.keys(s.stalls)[0];
+         s.stalls[k].verdict = 'filesystem frozen';
+         s.stalls[k].cause = {kind: 'fsfreeze', holder: 'pid 4242'};
+         s.stalls[k].writeback_wait = {inode_count: 7};
+         s.openStall(k); s.renderStalls();
+         return {dialog: document.getElementById('stall-detail').innerText,
+                 head: document.querySelector('#stalls table tr').innerText};",
+    );
+    let dialog = extra["dialog"].as_str().unwrap();
+    for want in [
+        "verdict",
+        "filesystem frozen",
+        "cause",
+        "pid 4242",
+        "writeback wait",
+        "inode count",
+    ] {
+        assert!(
+            dialog.contains(want),
+            "the dialog shows {want:?}:\n{dialog}"
+        );
+    }
+    let head = extra["head"].as_str().unwrap();
+    assert!(head.contains("cause") && head.contains("verdict"), "{head}");
+    s.js("document.getElementById('stall-dialog').close()");
     b.thaw();
     eprintln!("frozen for {:.1} s", frozen_at.elapsed().as_secs_f64());
     // Once thawed the age goes away and the stall ends.
