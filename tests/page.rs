@@ -630,6 +630,20 @@ fn without_javascript_the_page_shows_its_tables() {
         "uPlot's script and style, the page's: {assets:?}"
     );
     assert!(total <= 200_000, "page weight {total} bytes");
+    // GET only; assets revalidate by ETag; a malformed query is refused.
+    let client = common::fresh_client();
+    for path in ["/", "/api/history", "/assets/page.js"] {
+        let r = common::request(&client, "POST", &agent.url(path), &[]).unwrap();
+        assert_eq!(r.status, 405, "POST {path}");
+    }
+    let js = agent.get_raw("/assets/page.js", &[]).unwrap();
+    let tag = js.header("etag").expect("an ETag").to_owned();
+    let again = agent
+        .get_raw("/assets/page.js", &[("if-none-match", &tag)])
+        .unwrap();
+    assert_eq!(again.status, 304, "revalidated by {tag}");
+    assert_eq!(agent.get("/assets/nope.js").0, 404);
+    assert_eq!(agent.get("/api/history?range=soon").0, 400);
     // And in a browser with scripts off: the tables show, the chart sections stay hidden.
     let driver = Driver::start();
     let s = driver.session(false);
