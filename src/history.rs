@@ -9,7 +9,8 @@
 //! sampler runs faster, and its peak I/O pressure).
 //!
 //! Each series is a fixed ring allocated once, sized for an hour at its target's
-//! interval, so memory does not grow with uptime. The probe lanes and the sampler write
+//! interval, so memory does not grow with uptime; beside it a ring of 10-second steps
+//! (`COARSE_STEP`), filled as each second closes, answers the 1 h view. The probe lanes and the sampler write
 //! under a per-series lock held for a few stores; readers hold it only to copy the
 //! points out. Neither ever holds it across a system call, so a lane never waits on a
 //! page load beyond that copy.
