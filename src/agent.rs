@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, Source};
 use crate::host::HostInfo;
+use crate::history::History;
 use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
@@ -63,7 +64,9 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         Err(e) => warn!("no stallwatch_host_info: {e}"),
     }
     let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
+    let history = Arc::new(History::new());
     let sampler = Sampler {
+        history: Arc::clone(&history),
         metrics: SamplerMetrics::new(&registry),
         roots: roots.clone(),
         interval: config.vm_interval,
@@ -71,6 +74,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     let ctx = Arc::new(Context {
         metrics: Arc::new(ProbeMetrics::new(&registry)),
         stalls: Arc::clone(&stalls),
+        history: Arc::clone(&history),
         roots,
     });
 
@@ -140,6 +144,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         registry,
         stalls,
         targets,
+        history,
         telemetry_path,
         reload,
     }));

@@ -368,7 +368,7 @@ pub mod defaults {
 }
 
 /// Paths the HTTP side serves itself; the telemetry path may not shadow them.
-const RESERVED_PATHS: [&str; 4] = ["/", "/healthz", "/api/stalls", "/-/reload"];
+const RESERVED_PATHS: [&str; 5] = ["/", "/healthz", "/api/stalls", "/api/history", "/-/reload"];
 
 /// Where the configuration comes from, at start and at every reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -509,9 +509,12 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
     let telemetry_path = raw
         .telemetry_path
         .unwrap_or_else(|| defaults::TELEMETRY_PATH.to_owned());
-    if !telemetry_path.starts_with('/') || RESERVED_PATHS.contains(&telemetry_path.as_str()) {
+    if !telemetry_path.starts_with('/')
+        || RESERVED_PATHS.contains(&telemetry_path.as_str())
+        || telemetry_path.starts_with("/assets/")
+    {
         return Err(format!(
-            "telemetry_path: {telemetry_path:?} must start with / and differ from {}{}",
+            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/{}",
             RESERVED_PATHS.join(", "),
             at_line(line_of(text, "telemetry_path", &telemetry_path, 0))
         ));
@@ -857,6 +860,14 @@ targets:
             ),
             (
                 "telemetry_path: /healthz\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
+                "telemetry_path: /api/history\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "line 1"],
+            ),
+            (
+                "telemetry_path: /assets/page.js\ntargets:\n  - path: /a\n",
                 &["telemetry_path", "line 1"],
             ),
             (

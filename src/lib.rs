@@ -2,7 +2,7 @@
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
 //! (`sync`, `config`, `op`, `inflight`, `kernfs`, `host`, `mounts`, `vm`, `blockdev`,
-//! `resident`, `causes`, `waits`, `verdict`) → the workers
+//! `resident`, `causes`, `waits`, `verdict`, `history`) → the workers
 //! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
@@ -11,6 +11,7 @@ pub mod blockdev;
 pub mod causes;
 pub mod config;
 pub mod host;
+pub mod history;
 pub mod inflight;
 pub mod kernfs;
 pub mod metrics;

@@ -1,18 +1,20 @@
-//! The routes: `/metrics`, `/healthz`, `/`, `/api/stalls`. Every handler reads the
-//! latest cached state only; nothing here waits on a probe. The server around them
-//! (TLS, auth, limits, accept loop) is `web/`.
+//! The routes: `/metrics`, `/healthz`, `/` (the live page and its `/assets/`),
+//! `/api/stalls`, `/api/history`. Every handler reads the latest cached state only;
+//! nothing here waits on a probe. The server around them (TLS, auth, limits, accept
+//! loop) is `web/`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use tower_http::compression::CompressionLayer;
 
+use crate::history::{self, History};
 use crate::metrics;
 use crate::probe::{State as TargetState, Targets};
 use crate::stalls::StallLog;
@@ -28,6 +30,8 @@ pub struct App {
     pub registry: prometheus::Registry,
     pub stalls: Arc<StallLog>,
     pub targets: Arc<Targets>,
+    /// The last hour of latencies and kernel samples, for the live page.
+    pub history: Arc<History>,
     pub telemetry_path: String,
     /// `--web.enable-lifecycle`: what `POST /-/reload` calls; None when off.
     pub reload: Option<ReloadFn>,
@@ -41,6 +45,8 @@ pub fn app(state: Arc<App>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/", get(index))
         .route("/api/stalls", get(stalls))
+        .route("/api/history", get(api_history))
+        .route("/assets/{name}", get(asset))
         .route("/-/reload", post(reload).put(reload))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         // The fastest level: a scrape is ~100 KB of repetitive text, which it still
@@ -118,13 +124,22 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
     let path = esc(&app.telemetry_path);
     let _ = write!(
         h,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>stallwatch</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}\
-         td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}\
-         .up{{color:#080}}.bad{{color:#b00}}</style></head><body>\
-         <h1>stallwatch {}</h1><p><a href=\"{path}\">Metrics</a> · \
-         <a href=\"/api/stalls\">Stalls (JSON)</a> · <a href=\"/healthz\">Health</a></p>\
-         <h2>Targets</h2><table><tr><th>target</th><th>path</th><th>state</th>\
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>stallwatch</title>\
+         <link rel=\"stylesheet\" href=\"/assets/uPlot.min.css\">\
+         <link rel=\"stylesheet\" href=\"/assets/page.css\"></head><body>\
+         <header><h1>stallwatch {}</h1><nav><a href=\"{path}\">Metrics</a> · \
+         <a href=\"/api/stalls\">Stalls (JSON)</a> · \
+         <a href=\"/api/history\">History (JSON)</a> · <a href=\"/healthz\">Health</a></nav>\
+         <div id=\"controls\" hidden><span>Range</span>\
+         <label><input type=\"radio\" name=\"range\" value=\"300\" checked> 5 min</label>\
+         <label><input type=\"radio\" name=\"range\" value=\"3600\"> 1 h</label>\
+         <span id=\"updated\"></span></div></header>\
+         <noscript><p class=\"note\">The charts need JavaScript; the tables below are \
+         as of this page load (reload to refresh).</p></noscript>\
+         <div id=\"blocked\" role=\"alert\"></div>\
+         <h2>Targets</h2><table id=\"targets\"><tr><th>target</th><th>path</th><th>state</th>\
          <th>since</th><th>mount</th><th>in flight now</th><th>last success</th></tr>",
         env!("CARGO_PKG_VERSION")
     );
@@ -170,18 +185,30 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{}{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td></tr>",
+             <td class=\"inflight\" data-target=\"{}\">{}</td><td>{}</td></tr>",
             esc(&t.target.name),
             esc(&t.target.path.display().to_string()),
             st.state.label(),
             esc(&detail),
             ago(st.since),
             esc(&mount),
+            esc(&t.target.name),
             esc(&inflight),
             last
         );
     }
-    h.push_str("</table>");
+    h.push_str(
+        "</table><section id=\"latency\" hidden><h2>Latency per operation</h2>\
+         <p class=\"key\"><span class=\"sw\" style=\"color:#d9730d\"></span>slowest call \
+         <span class=\"sw\" style=\"color:#1f6fb2\"></span>median \
+         <span class=\"sw dash\" style=\"color:#c62828\"></span>the target's stall threshold \
+         <span class=\"sw band\"></span>a stall: click it for its context</p>\
+         <p class=\"note\">One point per second: a call as measured when the probe runs \
+         every second or slower; at faster intervals (and per step on the 1 h range) the \
+         slowest and the median of the calls in it. Log scale. Hover a chart for values.</p>\
+         <div id=\"charts\"></div></section>",
+    );
+    h.push_str("<h2>Kernel</h2>");
     if let Some(snap) = app.stalls.latest() {
         let c = &snap.vm.counters;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -192,7 +219,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
         };
         let _ = write!(
             h,
-            "<h2>Kernel now</h2><p>dirty {:.1} MiB ({pct:.1}% of the {:.0} MiB throttling \
+            "<p id=\"kernel-now\">dirty {:.1} MiB ({pct:.1}% of the {:.0} MiB throttling \
              threshold; background writeback from {:.0} MiB), under writeback {:.1} MiB",
             mib(c.dirty_bytes),
             mib(c.dirty_threshold_bytes),
@@ -206,7 +233,16 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
         }
         h.push_str("</p>");
     }
-    h.push_str("<h2>Recent stalls</h2>");
+    h.push_str(
+        "<section id=\"kernel\" hidden>\
+         <div class=\"card-title\">Page cache, whole host: dirty and under writeback \
+         against the background and throttling thresholds</div>\
+         <div id=\"kernel-chart\" class=\"chart\"></div>\
+         <div class=\"card-title\">I/O pressure (PSI), whole host: share of time some / \
+         all tasks were stalled on I/O</div>\
+         <div id=\"psi-chart\" class=\"chart\"></div></section><h2>Recent stalls</h2>\
+         <div id=\"stalls\">",
+    );
     let events = app.stalls.recent(PAGE_EVENTS);
     if events.is_empty() {
         h.push_str("<p>None since start.</p>");
@@ -254,6 +290,527 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
         }
         h.push_str("</table>");
     }
-    h.push_str("</body></html>\n");
+    h.push_str(
+        "</div><dialog id=\"stall-dialog\"><form method=\"dialog\"><button>Close</button>\
+         </form><div id=\"stall-detail\"></div></dialog>\
+         <script src=\"/assets/uPlot.iife.min.js\"></script>\
+         <script src=\"/assets/page.js\"></script></body></html>\n",
+    );
     Html(h)
+}
+
+/// The files of the live page, embedded in the binary: nothing is fetched from
+/// elsewhere, so the page works offline and behind the same TLS and auth as the rest.
+/// uPlot 1.6.32 (MIT), vendored from the npm registry: `assets/vendor/uplot/README.md`.
+const ASSETS: [(&str, &str, &str); 4] = [
+    (
+        "uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../assets/vendor/uplot/uPlot.iife.min.js"),
+    ),
+    (
+        "uPlot.min.css",
+        "text/css; charset=utf-8",
+        include_str!("../assets/vendor/uplot/uPlot.min.css"),
+    ),
+    (
+        "page.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../assets/page.js"),
+    ),
+    (
+        "page.css",
+        "text/css; charset=utf-8",
+        include_str!("../assets/page.css"),
+    ),
+];
+
+/// A strong validator of an asset's bytes (FNV-1a), so a browser revalidates cheaply
+/// and never keeps a page script from an older binary.
+fn etag(body: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in body.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("\"{h:016x}\"")
+}
+
+async fn asset(
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(&(_, ctype, body)) = ASSETS.iter().find(|a| a.0 == name) else {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    };
+    let tag = etag(body);
+    let cached = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == tag));
+    let common = [
+        (header::ETAG, tag),
+        (header::CACHE_CONTROL, "no-cache".to_owned()),
+    ];
+    if cached {
+        return (StatusCode::NOT_MODIFIED, common).into_response();
+    }
+    (common, [(header::CONTENT_TYPE, ctype)], body).into_response()
+}
+
+/// `GET /api/history` parameters.
+#[derive(Debug, serde::Deserialize)]
+struct HistoryQuery {
+    /// Unix seconds: only points at or after it (rounded down to a step), and the stall
+    /// events that started or ended since. Without it, the whole range.
+    since: Option<f64>,
+    /// Seconds back from now, 1-3600; 300 by default.
+    range: Option<u32>,
+    /// Seconds per point, 1-60; by default 1 up to a 5-minute range, else range/360.
+    step: Option<u32>,
+}
+
+const LATENCY_COLUMNS: [&str; 5] = ["t", "min_seconds", "p50_seconds", "max_seconds", "count"];
+const KERNEL_COLUMNS: [&str; 7] = [
+    "t",
+    "dirty_bytes",
+    "writeback_bytes",
+    "dirty_background_threshold_bytes",
+    "dirty_threshold_bytes",
+    "io_pressure_some_ratio",
+    "io_pressure_full_ratio",
+];
+
+#[derive(serde::Serialize)]
+struct HistoryBody<'a> {
+    /// Unix seconds at the agent when the answer was made.
+    now: f64,
+    range: u32,
+    step: u32,
+    /// The first second the points cover (since or now - range, rounded down to a step).
+    from: u32,
+    latency_columns: [&'static str; 5],
+    kernel_columns: [&'static str; 7],
+    targets: Vec<TargetBody<'a>>,
+    kernel: Vec<(u32, u64, u64, u64, u64, f32, f32)>,
+    stalls: Vec<crate::stalls::StallEvent>,
+}
+
+#[derive(serde::Serialize)]
+struct TargetBody<'a> {
+    name: &'a str,
+    path: String,
+    state: &'static str,
+    /// The error of a failing target, empty otherwise.
+    detail: String,
+    interval_seconds: f64,
+    stall_threshold_seconds: f64,
+    in_flight: Vec<InFlightBody>,
+    series: Vec<SeriesBody>,
+}
+
+#[derive(serde::Serialize)]
+struct InFlightBody {
+    mode: &'static str,
+    op: &'static str,
+    age_seconds: f64,
+}
+
+#[derive(serde::Serialize)]
+struct SeriesBody {
+    mode: &'static str,
+    op: &'static str,
+    points: Vec<(u32, f32, f32, f32, u32)>,
+}
+
+/// Answers `/api/history` from the in-memory history; the handler only copies points
+/// out under the series' locks.
+pub fn history_json(
+    app: &App,
+    since: Option<f64>,
+    range: Option<u32>,
+    step: Option<u32>,
+) -> String {
+    let now = SystemTime::now();
+    let now_s = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let range = range
+        .unwrap_or(300)
+        .clamp(1, history::RETAIN.as_secs() as u32);
+    let step = step
+        .unwrap_or(if range <= 300 { 1 } else { range.div_ceil(360) })
+        .clamp(1, 60);
+    let oldest = now_s as u32 - range;
+    let from = since
+        .filter(|s| s.is_finite())
+        .map_or(oldest, |s| (s.max(0.0) as u32).max(oldest));
+    let from = from - from % step;
+    let mut targets = Vec::new();
+    let current = app.targets.current();
+    for t in current.iter() {
+        let st = t.status();
+        let detail = match &st.state {
+            TargetState::Failing(e) | TargetState::MountChanged(e) => e.clone(),
+            _ => String::new(),
+        };
+        let series = app
+            .history
+            .target(t.index)
+            .map(|h| {
+                h.series
+                    .iter()
+                    .map(|s| SeriesBody {
+                        mode: s.mode.as_str(),
+                        op: s.op.as_str(),
+                        points: s
+                            .stepped(from, step)
+                            .into_iter()
+                            .map(|p| (p.t, p.min, p.p50, p.max, p.count))
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        targets.push(TargetBody {
+            name: &t.target.name,
+            path: t.target.path.display().to_string(),
+            state: st.state.label(),
+            detail,
+            interval_seconds: t.target.interval.as_secs_f64(),
+            stall_threshold_seconds: t.target.stall_threshold.as_secs_f64(),
+            in_flight: t
+                .in_flight()
+                .iter()
+                .map(|c| InFlightBody {
+                    mode: c.mode.as_str(),
+                    op: c.op.as_str(),
+                    age_seconds: c.age.as_secs_f64(),
+                })
+                .collect(),
+            series,
+        });
+    }
+    let kernel = history::step_kernel(&app.history.kernel_since(from), step)
+        .into_iter()
+        .map(|p| {
+            (
+                p.t,
+                p.dirty_bytes,
+                p.writeback_bytes,
+                p.dirty_background_threshold_bytes,
+                p.dirty_threshold_bytes,
+                p.io_some,
+                p.io_full,
+            )
+        })
+        .collect();
+    // Events that were ongoing, started or ended in the window: the page merges them by
+    // (target, mode, op, started_at).
+    let stalls = app
+        .stalls
+        .events()
+        .into_iter()
+        .filter(|e| {
+            let end = e
+                .started_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64()
+                + e.duration_seconds;
+            e.ongoing || end >= from as f64
+        })
+        .collect();
+    let body = HistoryBody {
+        now: now_s,
+        range,
+        step,
+        from,
+        latency_columns: LATENCY_COLUMNS,
+        kernel_columns: KERNEL_COLUMNS,
+        targets,
+        kernel,
+        stalls,
+    };
+    serde_json::to_string(&body).expect("serializable")
+}
+
+async fn api_history(State(app): State<Arc<App>>, Query(q): Query<HistoryQuery>) -> Response {
+    let body = history_json(&app, q.since, q.range, q.step);
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mode, SyncKind, Target};
+    use crate::kernfs::Roots;
+    use crate::op::Op;
+    use crate::probe::{ProbeMetrics, TargetShared};
+    use crate::stalls::{FinishedCall, LaneKey};
+    use crate::vm::{IoPressureTotals, VmCounters, VmSample};
+    use std::time::{Duration, Instant};
+
+    /// This thread's CPU time, so time waiting for a CPU held by other processes of a
+    /// shared machine is not counted.
+    fn thread_cpu_ns() -> u64 {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    }
+
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * crate::vm::page_size()
+    }
+
+    /// 8 targets with the default modes (5 ops each) probed every second for a full
+    /// hour, a kernel sample every second, and a full stall ring (256 events).
+    fn full_hour() -> (App, u64) {
+        let registry = prometheus::Registry::new();
+        let metrics = ProbeMetrics::new(&registry);
+        let rss0 = rss_bytes();
+        let history = Arc::new(History::new());
+        let stalls = Arc::new(StallLog::new(256, &registry));
+        let mut shared = Vec::new();
+        for i in 0..8 {
+            let t = Target {
+                name: format!("target{i}"),
+                path: format!("/srv/disk{i}").into(),
+                interval: Duration::from_secs(1),
+                modes: vec![Mode::Create, Mode::Overwrite],
+                size: 4096,
+                sync: SyncKind::Fsync,
+                require_mountpoint: true,
+                stall_threshold: Duration::from_secs(1),
+                rotate_size: 64 << 20,
+            };
+            let ts = TargetShared::new(i, t, i * 2, &metrics, &Roots::default());
+            history.add_target(i, &ts.target.name, &ts.ops, ts.target.interval);
+            shared.push(Arc::new(ts));
+        }
+        let now = SystemTime::now();
+        let t0 = Instant::now();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let hour = history::RETAIN.as_secs();
+        for s in 0..hour {
+            let at = now - Duration::from_secs(hour - s);
+            for ts in &shared {
+                for &(mode, op) in &ts.ops {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let ns = 5_000 + x % 2_000_000;
+                    history.record(ts.index, mode, op, Duration::from_nanos(ns), at);
+                }
+            }
+            let sample = VmSample {
+                at: t0 + Duration::from_secs(s),
+                counters: VmCounters {
+                    dirty_bytes: (x % (1 << 30)),
+                    writeback_bytes: x % (1 << 24),
+                    dirty_threshold_bytes: 4 << 30,
+                    dirty_background_threshold_bytes: 2 << 30,
+                    ..Default::default()
+                },
+                pressure: Some(IoPressureTotals {
+                    some_seconds: s as f64 * 0.1,
+                    full_seconds: s as f64 * 0.01,
+                }),
+                sysctls: None,
+            };
+            history.record_kernel(&sample, at);
+        }
+        let rss = rss_bytes().saturating_sub(rss0);
+        for seq in 0..256u64 {
+            let key = LaneKey {
+                target: (seq % 8) as usize,
+                lane: (seq % 16) as usize,
+                name: &shared[(seq % 8) as usize].target.name,
+            };
+            let call = FinishedCall {
+                mode: Mode::Overwrite,
+                op: Op::Fsync,
+                seq,
+                elapsed: Duration::from_millis(1500),
+                failure: None,
+            };
+            stalls.finished(key, call, &[]);
+        }
+        let app = App {
+            registry,
+            stalls,
+            targets: Arc::new(Targets::new(shared)),
+            history,
+            telemetry_path: "/metrics".into(),
+            reload: None,
+        };
+        (app, rss)
+    }
+
+    #[test]
+    fn the_history_answer_has_every_target_op_and_second() {
+        let (app, _) = full_hour();
+        let v: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(300), None)).unwrap();
+        assert_eq!(v["step"], 1);
+        let targets = v["targets"].as_array().unwrap();
+        assert_eq!(targets.len(), 8);
+        for t in targets {
+            let series = t["series"].as_array().unwrap();
+            assert_eq!(series.len(), 5, "{}", t["name"]);
+            for s in series {
+                let n = s["points"].as_array().unwrap().len();
+                assert!((299..=301).contains(&n), "{n} points in 5 min at 1 s");
+            }
+        }
+        let k = v["kernel"].as_array().unwrap();
+        assert!((299..=301).contains(&k.len()), "{}", k.len());
+        assert_eq!(k[10][4], 4u64 << 30);
+        assert_eq!(v["stalls"].as_array().unwrap().len(), 256);
+        let hour: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(3600), None)).unwrap();
+        assert_eq!(hour["step"], 10);
+        let n = hour["targets"][0]["series"][0]["points"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!((359..=361).contains(&n), "{n} points in 1 h at 10 s steps");
+        // A poll asks only for what is new.
+        let since = hour["now"].as_f64().unwrap() - 2.0;
+        let poll: serde_json::Value =
+            serde_json::from_str(&history_json(&app, Some(since), Some(300), None)).unwrap();
+        let n = poll["targets"][0]["series"][0]["points"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(n <= 3, "{n} points since 2 s ago");
+    }
+
+    /// The cost figures of BENCHMARKS.md ("History endpoint"). Run in release:
+    /// `cargo test --release --lib routes::tests::history_endpoint_cost -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark: prints figures; run in release"]
+    fn history_endpoint_cost() {
+        let (app, rss) = full_hour();
+        println!(
+            "history of 8 targets x 5 ops, 1 s interval, full hour: {} bytes allocated ({:.2} MiB), RSS grew {:.2} MiB while filling",
+            app.history.allocated_bytes(),
+            app.history.allocated_bytes() as f64 / (1 << 20) as f64,
+            rss as f64 / (1 << 20) as f64
+        );
+        // Where the time of a full hour goes: copying and folding the points, or JSON.
+        let from = (SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 3600) as u32;
+        let t = Instant::now();
+        let mut n = 0;
+        for _ in 0..20 {
+            for i in 0..8 {
+                for s in &app.history.target(i).unwrap().series {
+                    n += s.stepped(from, 10).len();
+                }
+            }
+        }
+        println!(
+            "copy of 40 series x 1 h in 10 s steps: {:.3} ms ({} points)",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0,
+            n / 20
+        );
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(history_json(&app, None, Some(3600), None));
+        }
+        println!(
+            "history_json, 1 h: {:.3} ms",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(serde_json::to_string(&app.stalls.events()).unwrap());
+        }
+        println!(
+            "256 stall events to JSON: {:.3} ms",
+            t.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
+        let app = Arc::new(app);
+        let router = super::app(Arc::clone(&app));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let cases = [
+            (
+                "poll, 5 min range (since 2 s ago)",
+                format!("/api/history?range=300&since={}", now - 2.0),
+            ),
+            (
+                "poll, 1 h range (since 10 s ago)",
+                format!("/api/history?range=3600&since={}", now - 10.0),
+            ),
+            (
+                "first load, 5 min range",
+                "/api/history?range=300".to_owned(),
+            ),
+            (
+                "first load, 1 h range (10 s steps)",
+                "/api/history?range=3600".to_owned(),
+            ),
+        ];
+        for (what, uri) in &cases {
+            for gzip in [false, true] {
+                let mut times = Vec::new();
+                let mut cpu = Vec::new();
+                let mut bytes = 0;
+                let n = 400;
+                for _ in 0..n {
+                    let mut req = axum::http::Request::get(uri.as_str());
+                    if gzip {
+                        req = req.header("accept-encoding", "gzip");
+                    }
+                    let req = req.body(axum::body::Body::empty()).unwrap();
+                    let t = Instant::now();
+                    let c0 = thread_cpu_ns();
+                    let body = rt.block_on(async {
+                        use tower::ServiceExt as _;
+                        let r = router.clone().oneshot(req).await.unwrap();
+                        assert_eq!(r.status(), StatusCode::OK);
+                        axum::body::to_bytes(r.into_body(), usize::MAX)
+                            .await
+                            .unwrap()
+                    });
+                    times.push(t.elapsed());
+                    cpu.push(thread_cpu_ns() - c0);
+                    bytes = body.len();
+                }
+                times.sort();
+                cpu.sort();
+                let p = |q: f64| times[((n as f64 * q) as usize).min(n - 1)].as_secs_f64() * 1e3;
+                let c = |q: f64| cpu[((n as f64 * q) as usize).min(n - 1)] as f64 / 1e6;
+                println!(
+                    "{what}{}: {bytes} bytes; wall p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; CPU p50 {:.3} ms, p99 {:.3} ms ({n} requests)",
+                    if gzip { ", gzip" } else { "" },
+                    p(0.5),
+                    p(0.99),
+                    times[n - 1].as_secs_f64() * 1e3,
+                    c(0.5),
+                    c(0.99),
+                );
+            }
+        }
+    }
 }

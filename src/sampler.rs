@@ -3,13 +3,14 @@
 //! hands each sample to the stall log for the stalls' windows.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::{Counter, Gauge, GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 use strum::VariantArray;
 use tracing::{info, warn};
 
 use crate::blockdev::{self, SyncAction};
+use crate::history::History;
 use crate::kernfs::Roots;
 use crate::stalls::{DeviceReading, Snapshot, StallLog};
 use crate::sync::Shutdown;
@@ -240,6 +241,8 @@ pub struct Sampler {
     pub metrics: SamplerMetrics,
     pub roots: Roots,
     pub interval: Duration,
+    /// Where each sample is kept for the live page.
+    pub history: std::sync::Arc<History>,
 }
 
 impl Sampler {
@@ -261,6 +264,7 @@ impl Sampler {
                         failing = false;
                     }
                     self.metrics.publish_vm(&s, prev.as_ref());
+                    self.history.record_kernel(&s, SystemTime::now());
                     let devices = self.metrics.read_devices(stalls, &self.roots.sys_root);
                     stalls.observe(Snapshot { vm: s, devices });
                     prev = Some(s);

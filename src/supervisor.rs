@@ -263,8 +263,10 @@ mod tests {
         let ctx = Arc::new(Context {
             metrics: Arc::new(ProbeMetrics::new(&r)),
             stalls: Arc::new(StallLog::new(4, &r)),
+            history: Arc::default(),
             roots: Roots::default(),
         });
+        let history = Arc::clone(&ctx.history);
         let mut s = Supervisor::new(ctx);
         let (a, b, c) = (dirs[0].path(), dirs[1].path(), dirs[2].path());
         let first = s
@@ -272,6 +274,8 @@ mod tests {
             .unwrap();
         assert_eq!(first.unchanged, 0);
         let a_before = Arc::clone(&s.targets().current()[0]);
+        let b_old = s.targets().current()[1].index;
+        assert!(history.target(b_old).is_some(), "b's history");
 
         let changes = s
             .apply(&[
@@ -301,8 +305,17 @@ mod tests {
             assert_eq!(targets_of(&r, family), ["a", "b", "c"], "{family}");
         }
 
+        // The live page's history: the changed target's was replaced by a new one.
+        assert!(history.target(now[0].index).is_some(), "a kept its history");
+        assert!(history.target(now[1].index).is_some(), "b's new history");
+        assert!(history.target(b_old).is_none(), "b's old history is gone");
+
         let changes = s.apply(&[target("c", c, 100)]).unwrap();
         assert_eq!(changes.removed, ["a", "b"]);
+        assert!(
+            history.target(now[0].index).is_none(),
+            "a removed: its history too"
+        );
         assert_eq!(targets_of(&r, "stallwatch_target_up"), ["c"]);
         // Within the grace a reload gives them, the removed lanes ended and cleaned up.
         assert!(

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use crate::blockdev;
 use crate::config::{Mode, Target};
+use crate::history::History;
 use crate::inflight::{InFlightOp, InflightSlot};
 use crate::kernfs::Roots;
 use crate::mounts::{self, Mount};
@@ -230,6 +231,7 @@ impl TargetShared {
             .remove_target(&self.target, &self.ops, mount.as_ref());
         ctx.stalls
             .remove_target(self.index, &self.target.name, &self.ops);
+        ctx.history.remove_target(self.index);
     }
 
     pub fn status(&self) -> Status {
@@ -433,6 +435,8 @@ impl Lane {
 pub struct Context {
     pub metrics: Arc<ProbeMetrics>,
     pub stalls: Arc<StallLog>,
+    /// The last hour of every op's latencies, for the live page.
+    pub history: Arc<History>,
     /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
     pub roots: Roots,
 }
@@ -459,6 +463,9 @@ impl Observer for Recorder<'_> {
         let t = &self.target.target;
         if failure.is_none() && op != Op::Prepare {
             self.ctx.metrics.observe(&t.name, mode, op, elapsed);
+            self.ctx
+                .history
+                .record(self.target.index, mode, op, elapsed, SystemTime::now());
         }
         if elapsed >= t.stall_threshold {
             let key = LaneKey {
@@ -498,6 +505,12 @@ impl Worker {
     pub fn new(target: Arc<TargetShared>, lane: usize, ctx: Arc<Context>) -> Worker {
         if lane == 0 {
             ctx.stalls.add_target(&target.target.name, &target.ops);
+            ctx.history.add_target(
+                target.index,
+                &target.target.name,
+                &target.ops,
+                target.target.interval,
+            );
         }
         Worker {
             target,
@@ -710,6 +723,7 @@ mod tests {
         let ctx = Arc::new(Context {
             metrics,
             stalls: Arc::new(StallLog::new(4, &registry)),
+            history: Arc::default(),
             roots,
         });
         let w = (0..shared.lanes.len())
@@ -746,6 +760,15 @@ mod tests {
             (Mode::Append, Op::Fdatasync),
         ] {
             assert_eq!(m.observed("t", mode, op), 1, "{mode} {op}");
+        }
+        // Every op timed is in the live page's history too, once, with its latency.
+        let h = ctx.history.target(shared.index).unwrap();
+        assert_eq!(h.series.len(), shared.ops.len());
+        for s in &h.series {
+            let p = s.since(0);
+            assert_eq!(p.len(), 1, "{} {}", s.mode, s.op);
+            assert_eq!(p[0].count, 1, "{} {}", s.mode, s.op);
+            assert!(p[0].max > 0.0, "{} {}", s.mode, s.op);
         }
         assert_eq!(m.up_of("t"), 1);
         let st = shared.status();

@@ -1,0 +1,677 @@
+// stallwatch live page: polls /api/history every 1.5 s and draws, per target, one
+// latency chart per op (log scale, stall threshold, stall bands) and the kernel's dirty
+// and writeback bytes against their thresholds. Served from the binary; no other origin.
+// The tables above and below are rendered by the server and stay readable without it.
+(function () {
+  'use strict';
+  if (typeof uPlot === 'undefined') return;
+
+  var POLL_MS = 1500;
+  var S = {
+    range: 300,
+    step: 1,
+    from: null, // the last answer's newest point, to ask only for what is new
+    targets: [], // [{name, path, state, detail, stall_threshold_seconds, in_flight, series: [{mode, op, points}]}]
+    kernel: [],
+    stalls: {}, // key -> event
+    now: 0, // agent's Unix seconds at the last answer
+    fetchedAt: 0, // performance.now() at the last answer
+    charts: {}, // "target|mode|op" -> uPlot, and "kernel", "psi"
+    layout: '',
+    polls: 0,
+    error: null,
+  };
+  window.stallwatch = S;
+
+  // ---- units -------------------------------------------------------------------------
+  function fmtDur(s) {
+    if (s == null || !isFinite(s)) return '–';
+    if (s === 0) return '0 s';
+    if (s < 0.001) return +(s * 1e6).toPrecision(3) + ' µs';
+    if (s < 1) return +(s * 1e3).toPrecision(3) + ' ms';
+    if (s < 60) return +s.toPrecision(3) + ' s';
+    var m = Math.floor(s / 60);
+    return m + ' min ' + Math.floor(s - m * 60) + ' s';
+  }
+  // Axis labels: short, never minutes (a label must fit 58 px).
+  function fmtAxis(s) {
+    if (s < 0.001) return +(s * 1e6).toPrecision(3) + ' µs';
+    if (s < 1) return +(s * 1e3).toPrecision(3) + ' ms';
+    return +s.toPrecision(3) + ' s';
+  }
+  function fmtAge(s) {
+    if (s < 60) return s.toFixed(1) + ' s';
+    var m = Math.floor(s / 60);
+    return m + ' min ' + (s - m * 60).toFixed(0) + ' s';
+  }
+  function fmtBytes(b) {
+    if (b == null || !isFinite(b)) return '–';
+    var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    var i = 0;
+    while (Math.abs(b) >= 1024 && i < u.length - 1) {
+      b /= 1024;
+      i++;
+    }
+    return (i === 0 ? b.toFixed(0) : +b.toPrecision(3)) + ' ' + u[i];
+  }
+  function fmtPct(r) {
+    return r == null || !isFinite(r) ? '–' : (r * 100).toFixed(1) + ' %';
+  }
+  function fmtTime(t) {
+    var d = new Date(t * 1000);
+    function p(n) { return (n < 10 ? '0' : '') + n; }
+    return p(d.getHours()) + ':' + p(d.getMinutes()) + ':' + p(d.getSeconds());
+  }
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text != null) e.textContent = text;
+    return e;
+  }
+  function nowAgent() {
+    return S.now + (performance.now() - S.fetchedAt) / 1000;
+  }
+  function stallKey(e) {
+    return e.target + '|' + e.mode + '|' + e.op + '|' + e.started_at;
+  }
+  function unixOf(rfc) {
+    return Date.parse(rfc) / 1000;
+  }
+
+  // ---- fetching and merging ----------------------------------------------------------
+  function merge(old, fresh, from) {
+    // Points at or after `from` are replaced (the last step may have grown).
+    var keep = old.filter(function (p) { return p[0] < from; });
+    return keep.concat(fresh);
+  }
+
+  function apply(d, full) {
+    S.now = d.now;
+    S.fetchedAt = performance.now();
+    var cut = d.now - S.range - S.step;
+    var byName = {};
+    S.targets.forEach(function (t) { byName[t.name] = t; });
+    S.targets = d.targets.map(function (t) {
+      var old = full ? null : byName[t.name];
+      t.series.forEach(function (s) {
+        var os = old && old.series.find(function (x) { return x.mode === s.mode && x.op === s.op; });
+        var pts = os ? merge(os.points, s.points, d.from) : s.points;
+        s.points = pts.filter(function (p) { return p[0] >= cut; });
+      });
+      return t;
+    });
+    S.kernel = (full ? d.kernel : merge(S.kernel, d.kernel, d.from)).filter(function (p) { return p[0] >= cut; });
+    if (full) S.stalls = {};
+    d.stalls.forEach(function (e) { S.stalls[stallKey(e)] = e; });
+    for (var k in S.stalls) {
+      var e = S.stalls[k];
+      if (!e.ongoing && unixOf(e.started_at) + e.duration_seconds < cut) delete S.stalls[k];
+    }
+    var newest = d.from;
+    S.targets.forEach(function (t) {
+      t.series.forEach(function (s) {
+        if (s.points.length) newest = Math.max(newest, s.points[s.points.length - 1][0]);
+      });
+    });
+    if (S.kernel.length) newest = Math.max(newest, S.kernel[S.kernel.length - 1][0]);
+    S.from = newest;
+    S.polls++;
+    render();
+  }
+
+  var timer = null;
+  var inFlightFetch = false;
+  var wantFull = false;
+  function poll(full) {
+    if (timer) clearTimeout(timer);
+    timer = null;
+    if (inFlightFetch) {
+      // A range change during a request: reload in full once it is answered.
+      if (full) wantFull = true;
+      return;
+    }
+    inFlightFetch = true;
+    wantFull = false;
+    var range = S.range;
+    // From the origin, not the document's URL: that may carry user:password@, which
+    // fetch refuses; the browser sends the credentials it holds for the origin.
+    var q = location.origin + '/api/history?range=' + S.range + '&step=' + S.step;
+    if (!full && S.from != null) q += '&since=' + S.from;
+    fetch(q, { credentials: 'same-origin', cache: 'no-store' })
+      .then(function (r) {
+        if (!r.ok) throw new Error('HTTP ' + r.status);
+        return r.json();
+      })
+      .then(function (d) {
+        S.error = null;
+        // An answer for the range shown before a change is dropped.
+        if (range === S.range && !wantFull) apply(d, full);
+      })
+      .catch(function (e) {
+        S.error = String(e);
+        updateStatus();
+      })
+      .then(function () {
+        inFlightFetch = false;
+        if (wantFull) poll(true);
+        else timer = setTimeout(function () { poll(false); }, POLL_MS);
+      });
+  }
+
+  // ---- charts ------------------------------------------------------------------------
+  var COLORS = { p50: '#1f6fb2', max: '#d9730d', min: '#7aa6c9' };
+
+  function chartWidth(container) {
+    return Math.max(240, Math.floor(container.getBoundingClientRect().width) || 320);
+  }
+
+  function xScale() {
+    return {
+      time: true,
+      range: function () {
+        var n = nowAgent();
+        return [n - S.range, n];
+      },
+    };
+  }
+
+  // A horizontal line at `v` on scale `y`, labelled at its right end.
+  // `dash` null: only the label (the line is a series of the chart).
+  function hline(u, v, color, label, dash, left) {
+    if (v == null || !isFinite(v)) return;
+    var y = u.valToPos(v, 'y', true);
+    if (y < u.bbox.top - 1 || y > u.bbox.top + u.bbox.height + 1) return;
+    var c = u.ctx;
+    c.save();
+    if (dash != null) {
+      c.strokeStyle = color;
+      c.lineWidth = 1.5 * devicePixelRatio;
+      c.setLineDash(dash ? [6 * devicePixelRatio, 4 * devicePixelRatio] : []);
+      c.beginPath();
+      c.moveTo(u.bbox.left, y);
+      c.lineTo(u.bbox.left + u.bbox.width, y);
+      c.stroke();
+      c.setLineDash([]);
+    }
+    c.fillStyle = color;
+    c.font = 'bold ' + 11 * devicePixelRatio + 'px system-ui, sans-serif';
+    c.textAlign = left ? 'left' : 'right';
+    c.textBaseline = 'bottom';
+    var x = left ? u.bbox.left + 4 * devicePixelRatio : u.bbox.left + u.bbox.width - 4 * devicePixelRatio;
+    c.fillText(label, x, y - 2 * devicePixelRatio);
+    c.restore();
+  }
+
+  // Stall bands: one clickable element per stall of this (target, mode, op), from its
+  // start to its end (or now while ongoing), over the plot.
+  function placeStalls(u, match) {
+    var layer = u.over.querySelector('.stall-layer');
+    if (!layer) {
+      layer = el('div', { class: 'stall-layer' });
+      u.over.appendChild(layer);
+    }
+    layer.textContent = '';
+    var n = nowAgent();
+    for (var k in S.stalls) {
+      var e = S.stalls[k];
+      if (!match(e)) continue;
+      var t0 = unixOf(e.started_at);
+      var t1 = e.ongoing ? n : t0 + e.duration_seconds;
+      if (t1 < n - S.range) continue;
+      var x0 = Math.max(0, u.valToPos(t0, 'x'));
+      var x1 = Math.min(u.over.clientWidth, u.valToPos(t1, 'x'));
+      var b = el('button', {
+        class: 'stall-marker' + (e.ongoing ? ' ongoing' : ''),
+        'data-key': k,
+        title: e.mode + ' ' + e.op + ' stalled ' + fmtDur(e.duration_seconds) + (e.ongoing ? ' (ongoing)' : '') + ' from ' + fmtTime(t0) + ': click for context',
+      });
+      b.style.left = x0 + 'px';
+      b.style.width = Math.max(4, x1 - x0) + 'px';
+      b.addEventListener('click', openStall.bind(null, k));
+      layer.appendChild(b);
+    }
+  }
+
+  function latencyChart(box, t, s) {
+    var thr = t.stall_threshold_seconds;
+    var key = t.name + '|' + s.mode + '|' + s.op;
+    var opts = {
+      width: chartWidth(box),
+      height: 190,
+      legend: { show: false },
+      cursor: { drag: { x: false, y: false }, points: { size: 6 } },
+      scales: {
+        x: xScale(),
+        y: {
+          distr: 3,
+          log: 10,
+          range: function (u, lo, hi) {
+            var cur = S.targets.find(function (x) { return x.name === t.name; });
+            var th = cur ? cur.stall_threshold_seconds : thr;
+            lo = lo == null || !isFinite(lo) ? th / 1000 : Math.min(lo, th);
+            hi = hi == null || !isFinite(hi) ? th * 2 : Math.max(hi, th * 1.5);
+            // Room for the age of a call of this op blocked right now.
+            var c = cur && cur.in_flight.find(function (x) { return x.mode === s.mode && x.op === s.op; });
+            if (c) hi = Math.max(hi, c.age_seconds + (performance.now() - S.fetchedAt) / 1000 + 1);
+            return uPlot.rangeLog(Math.max(lo / 2, 1e-6), hi * 1.5, 10, true);
+          },
+        },
+      },
+      axes: [
+        { values: function (u, v) { return v.map(fmtTime); }, space: 70 },
+        {
+          // Labels on the decades only: 1 µs, 10 µs, ... 10 s.
+          values: function (u, v) {
+            return v.map(function (x) {
+              var l = Math.log10(x);
+              return Math.abs(l - Math.round(l)) < 1e-6 ? fmtAxis(x) : '';
+            });
+          },
+          size: 58,
+        },
+      ],
+      series: [
+        { value: function (u, v) { return v == null ? '–' : fmtTime(v); } },
+        { label: 'max', stroke: COLORS.max, width: 1.5, points: { show: true, size: 4, fill: COLORS.max }, value: function (u, v) { return fmtDur(v); } },
+        { label: 'median', stroke: COLORS.p50, width: 1, points: { show: false }, value: function (u, v) { return fmtDur(v); } },
+        { label: 'calls', show: false, value: function (u, v) { return v == null ? '–' : v; } },
+      ],
+      hooks: {
+        setCursor: [
+          function (u) {
+            var out = box.parentNode.querySelector('.readout');
+            var i = u.cursor.idx;
+            if (i == null || u.data[0][i] == null) {
+              out.textContent = '';
+              return;
+            }
+            var n = u.data[3][i];
+            out.textContent = fmtTime(u.data[0][i]) + ': ' + (n > 1 ? 'max ' + fmtDur(u.data[1][i]) + ', median ' +
+              fmtDur(u.data[2][i]) + ' of ' + n + ' calls' : fmtDur(u.data[1][i]));
+          },
+        ],
+        draw: [
+          function (u) {
+            var cur = S.targets.find(function (x) { return x.name === t.name; });
+            var th = cur ? cur.stall_threshold_seconds : thr;
+            hline(u, th, '#c62828', 'stall threshold ' + fmtDur(th), true, true);
+            placeStalls(u, function (e) { return e.target === t.name && e.mode === s.mode && e.op === s.op; });
+            // A call of this op in the kernel right now past half the threshold: a ring
+            // at (now, its age so far), so a stall shows before the call returns.
+            var c = cur && cur.in_flight.find(function (x) { return x.mode === s.mode && x.op === s.op; });
+            if (c) {
+              var age = c.age_seconds + (performance.now() - S.fetchedAt) / 1000;
+              if (age >= th / 2) {
+                var ctx = u.ctx, r = devicePixelRatio;
+                var x = u.valToPos(nowAgent(), 'x', true);
+                var y = Math.max(u.bbox.top + 6 * r, u.valToPos(age, 'y', true));
+                ctx.save();
+                ctx.strokeStyle = '#c62828';
+                ctx.lineWidth = 2.5 * r;
+                ctx.beginPath();
+                ctx.arc(x - 6 * r, y, 5 * r, 0, 2 * Math.PI);
+                ctx.stroke();
+                ctx.fillStyle = '#c62828';
+                ctx.font = 'bold ' + 12 * r + 'px system-ui, sans-serif';
+                ctx.textAlign = 'right';
+                ctx.textBaseline = 'top';
+                ctx.fillText('in flight ' + fmtAge(age), x - 14 * r, y + 4 * r);
+                ctx.restore();
+              }
+            }
+          },
+        ],
+      },
+    };
+    var u = new uPlot(opts, latencyData(s), box);
+    u.root.setAttribute('data-key', key);
+    S.charts[key] = u;
+    return u;
+  }
+
+  function latencyData(s) {
+    var x = [], max = [], p50 = [], n = [];
+    s.points.forEach(function (p) {
+      x.push(p[0]);
+      // A 0 cannot be drawn on a log scale; the clock's resolution is far below 1 µs.
+      max.push(Math.max(p[3], 1e-7));
+      p50.push(Math.max(p[2], 1e-7));
+      n.push(p[4]);
+    });
+    return [x, max, p50, n];
+  }
+
+  var MiB = 1024 * 1024;
+  function kernelChart(box) {
+    var opts = {
+      width: chartWidth(box),
+      height: 220,
+      cursor: { drag: { x: false, y: false } },
+      scales: {
+        x: xScale(),
+        y: {
+          range: function (u, lo, hi) {
+            var last = S.kernel[S.kernel.length - 1];
+            var top = Math.max(hi || 0, last ? last[4] : 0);
+            return [0, top * 1.12 || MiB];
+          },
+        },
+      },
+      axes: [
+        { values: function (u, v) { return v.map(fmtTime); }, space: 70 },
+        { values: function (u, v) { return v.map(fmtBytes); }, size: 72 },
+      ],
+      series: [
+        { value: function (u, v) { return v == null ? '–' : fmtTime(v); } },
+        { label: 'dirty', stroke: '#d9730d', fill: 'rgba(217,115,13,0.15)', width: 2, value: function (u, v) { return fmtBytes(v); } },
+        { label: 'under writeback', stroke: '#6a3fb5', width: 2, value: function (u, v) { return fmtBytes(v); } },
+        { label: 'background threshold', stroke: '#2e7d32', width: 2, dash: [8, 4], value: function (u, v) { return fmtBytes(v); } },
+        { label: 'throttling threshold', stroke: '#c62828', width: 2, dash: [8, 4], value: function (u, v) { return fmtBytes(v); } },
+      ],
+      hooks: {
+        draw: [
+          function (u) {
+            var last = S.kernel[S.kernel.length - 1];
+            if (!last) return;
+            hline(u, last[4], '#c62828', 'throttling threshold: writers throttled above ' + fmtBytes(last[4]), null);
+            hline(u, last[3], '#2e7d32', 'background threshold: writeback starts at ' + fmtBytes(last[3]), null);
+            placeStalls(u, function () { return true; });
+          },
+        ],
+      },
+    };
+    var u = new uPlot(opts, kernelData(), box);
+    S.charts.kernel = u;
+  }
+
+  function kernelData() {
+    var c = [[], [], [], [], []];
+    S.kernel.forEach(function (p) {
+      for (var i = 0; i < 5; i++) c[i].push(p[i]);
+    });
+    return c;
+  }
+
+  function psiChart(box) {
+    var opts = {
+      width: chartWidth(box),
+      height: 140,
+      cursor: { drag: { x: false, y: false } },
+      scales: { x: xScale(), y: { range: function (u, lo, hi) { return [0, Math.max(0.05, (hi || 0) * 1.2)]; } } },
+      axes: [
+        { values: function (u, v) { return v.map(fmtTime); }, space: 70 },
+        { values: function (u, v) { return v.map(function (x) { return (x * 100).toFixed(0) + ' %'; }); }, size: 72 },
+      ],
+      series: [
+        { value: function (u, v) { return v == null ? '–' : fmtTime(v); } },
+        { label: 'some task stalled on I/O', stroke: '#b26a00', width: 1.5, value: function (u, v) { return fmtPct(v); } },
+        { label: 'all tasks stalled on I/O', stroke: '#c62828', width: 1.5, value: function (u, v) { return fmtPct(v); } },
+      ],
+    };
+    S.charts.psi = new uPlot(opts, psiData(), box);
+  }
+
+  function psiData() {
+    var c = [[], [], []];
+    S.kernel.forEach(function (p) {
+      c[0].push(p[0]);
+      c[1].push(p[5]);
+      c[2].push(p[6]);
+    });
+    return c;
+  }
+
+  // ---- rendering ---------------------------------------------------------------------
+  function layoutKey() {
+    return S.targets.map(function (t) {
+      return t.name + ':' + t.series.map(function (s) { return s.mode + '/' + s.op; }).join(',');
+    }).join(';');
+  }
+
+  function build() {
+    for (var k in S.charts) S.charts[k].destroy();
+    S.charts = {};
+    var root = document.getElementById('charts');
+    root.textContent = '';
+    S.targets.forEach(function (t) {
+      var sec = el('section', { class: 'target', 'data-target': t.name });
+      var h = el('h3');
+      h.appendChild(el('span', { class: 'name' }, t.name));
+      h.appendChild(el('span', { class: 'path' }, t.path));
+      h.appendChild(el('span', { class: 'state' }));
+      sec.appendChild(h);
+      sec.appendChild(el('div', { class: 'blocked-now' }));
+      var grid = el('div', { class: 'grid' });
+      sec.appendChild(grid);
+      root.appendChild(sec);
+      t.series.forEach(function (s) {
+        var card = el('div', { class: 'card' });
+        var title = el('div', { class: 'card-title' }, s.mode + ' · ' + s.op);
+        title.appendChild(el('span', { class: 'readout' }));
+        card.appendChild(title);
+        var box = el('div', { class: 'chart' });
+        card.appendChild(box);
+        grid.appendChild(card);
+        latencyChart(box, t, s);
+      });
+    });
+    kernelChart(document.getElementById('kernel-chart'));
+    psiChart(document.getElementById('psi-chart'));
+    S.layout = layoutKey();
+  }
+
+  function render() {
+    document.getElementById('controls').hidden = false;
+    document.getElementById('latency').hidden = false;
+    document.getElementById('kernel').hidden = false;
+    if (layoutKey() !== S.layout) build();
+    S.targets.forEach(function (t) {
+      var sec = document.querySelector('section.target[data-target="' + CSS.escape(t.name) + '"]');
+      var st = sec.querySelector('.state');
+      st.textContent = t.state + (t.detail ? ': ' + t.detail : '');
+      st.className = 'state ' + (t.state === 'up' ? 'up' : 'bad');
+      t.series.forEach(function (s) {
+        var u = S.charts[t.name + '|' + s.mode + '|' + s.op];
+        if (u) u.setData(latencyData(s));
+      });
+    });
+    S.charts.kernel.setData(kernelData());
+    S.charts.psi.setData(psiData());
+    var last = S.kernel[S.kernel.length - 1];
+    var kn = document.getElementById('kernel-now');
+    if (kn && last) {
+      kn.textContent = 'Now: dirty ' + fmtBytes(last[1]) + ' (' + fmtPct(last[4] ? last[1] / last[4] : NaN) +
+        ' of the ' + fmtBytes(last[4]) + ' throttling threshold; background writeback from ' +
+        fmtBytes(last[3]) + '), under writeback ' + fmtBytes(last[2]) +
+        '; I/O pressure some ' + fmtPct(last[5]) + ', full ' + fmtPct(last[6]) + '.';
+    }
+    renderStalls();
+    var dlg = document.getElementById('stall-dialog');
+    if (dlg.open && S.stalls[dlg.getAttribute('data-key')]) openStall(dlg.getAttribute('data-key'));
+    tick();
+  }
+
+  // The blocked calls, counting up between two answers: every 100 ms.
+  function tick() {
+    var since = (performance.now() - S.fetchedAt) / 1000;
+    var alerts = [];
+    S.targets.forEach(function (t) {
+      var thr = t.stall_threshold_seconds;
+      var calls = t.in_flight.map(function (c) {
+        return { mode: c.mode, op: c.op, age: c.age_seconds + since };
+      });
+      var shown = calls.filter(function (c) { return c.age >= Math.min(0.1, thr); });
+      var sec = document.querySelector('section.target[data-target="' + CSS.escape(t.name) + '"] .blocked-now');
+      if (sec) {
+        sec.textContent = '';
+        shown.forEach(function (c) {
+          var over = c.age >= thr;
+          var span = el('span', { class: 'blocked-age' + (over ? ' over' : ''), 'data-op': c.mode + '/' + c.op },
+            (over ? 'BLOCKED ' : 'in the kernel ') + c.mode + ' ' + c.op + ' for ' + fmtAge(c.age));
+          sec.appendChild(span);
+        });
+      }
+      var cell = document.querySelector('td.inflight[data-target="' + CSS.escape(t.name) + '"]');
+      if (cell) {
+        cell.textContent = calls.length ? calls.map(function (c) {
+          return c.mode + ' ' + c.op + ' for ' + c.age.toFixed(1) + ' s';
+        }).join(', ') : '-';
+      }
+      calls.filter(function (c) { return c.age >= thr; }).forEach(function (c) {
+        alerts.push(t.name + ': ' + c.mode + ' ' + c.op + ' blocked for ' + fmtAge(c.age) + ' (threshold ' + fmtDur(thr) + ')');
+      });
+    });
+    var b = document.getElementById('blocked');
+    b.textContent = '';
+    alerts.forEach(function (a) { b.appendChild(el('div', { class: 'blocked-age over' }, a)); });
+    updateStatus();
+  }
+
+  function updateStatus() {
+    var u = document.getElementById('updated');
+    if (!u) return;
+    if (S.error) {
+      u.textContent = 'not updating: ' + S.error;
+      u.className = 'bad';
+    } else if (S.fetchedAt) {
+      var ago = (performance.now() - S.fetchedAt) / 1000;
+      u.textContent = 'live · agent time ' + fmtTime(nowAgent()) + ' · updated ' + ago.toFixed(0) + ' s ago';
+      u.className = ago > 10 ? 'bad' : '';
+    }
+  }
+
+  // A field of unknown shape in one table cell: a string as it is, an object by its
+  // first string field, else as JSON.
+  function brief(v) {
+    if (v == null) return '';
+    if (typeof v !== 'object') return String(v);
+    for (var k in v) if (typeof v[k] === 'string') return v[k];
+    return JSON.stringify(v);
+  }
+
+  function renderStalls() {
+    var box = document.getElementById('stalls');
+    var evs = Object.keys(S.stalls).map(function (k) { return S.stalls[k]; });
+    evs.sort(function (a, b) { return unixOf(b.started_at) - unixOf(a.started_at); });
+    box.textContent = '';
+    if (!evs.length) {
+      box.appendChild(el('p', null, 'None in the last ' + (S.range >= 3600 ? 'hour' : S.range / 60 + ' minutes') + '.'));
+      return;
+    }
+    // Fields some agents add (cause, verdict) get a column when any event has them.
+    var extra = ['cause', 'verdict'].filter(function (k) {
+      return evs.some(function (e) { return e[k] != null; });
+    });
+    var tb = el('table', { class: 'stalls' });
+    var hr = el('tr');
+    ['started', 'target', 'op', 'duration'].concat(extra, ['also blocked', 'dirty max', 'writeback max', 'error', '']).forEach(function (h) {
+      hr.appendChild(el('th', null, h));
+    });
+    tb.appendChild(hr);
+    evs.forEach(function (e) {
+      var tr = el('tr', { class: e.ongoing ? 'ongoing' : '' });
+      var also = (e.also_blocked || []).map(function (a) { return a.mode + ' ' + a.op + ' (' + fmtDur(a.blocked_seconds) + ')'; }).join(', ') || 'none';
+      [
+        fmtTime(unixOf(e.started_at)),
+        e.target,
+        e.mode + ' ' + e.op,
+        fmtDur(e.duration_seconds) + (e.ongoing ? ' (ongoing)' : ''),
+      ].concat(extra.map(function (k) { return brief(e[k]); }), [
+        also,
+        fmtBytes(e.vm && e.vm.dirty_bytes_max),
+        fmtBytes(e.vm && e.vm.writeback_bytes_max),
+        e.error || '',
+      ]).forEach(function (v) { tr.appendChild(el('td', null, v)); });
+      var td = el('td');
+      var btn = el('button', { class: 'open-stall' }, 'context');
+      btn.addEventListener('click', openStall.bind(null, stallKey(e)));
+      td.appendChild(btn);
+      tr.appendChild(td);
+      tb.appendChild(tr);
+    });
+    box.appendChild(tb);
+  }
+
+  // ---- the stall dialog: the known fields first, then every other field as it is ----
+  var KNOWN = ['target', 'mode', 'op', 'started_at', 'duration_seconds', 'ongoing', 'error', 'cause', 'verdict'];
+  function fmtField(k, v) {
+    if (v == null) return '–';
+    if (typeof v === 'number') {
+      if (/bytes/.test(k)) return fmtBytes(v) + ' (' + v + ' B)';
+      if (/seconds/.test(k)) return fmtDur(v);
+      if (/ratio/.test(k)) return fmtPct(v);
+    }
+    if (typeof v === 'boolean') return v ? 'yes' : 'no';
+    return String(v);
+  }
+  function dl(obj) {
+    var d = el('dl');
+    Object.keys(obj).forEach(function (k) {
+      var v = obj[k];
+      d.appendChild(el('dt', null, k.replace(/_/g, ' ')));
+      var dd = el('dd');
+      if (Array.isArray(v)) {
+        if (!v.length) dd.textContent = 'none';
+        v.forEach(function (x) {
+          if (x && typeof x === 'object') dd.appendChild(dl(x));
+          else dd.appendChild(el('div', null, fmtField(k, x)));
+        });
+      } else if (v && typeof v === 'object') {
+        dd.appendChild(dl(v));
+      } else {
+        dd.textContent = fmtField(k, v);
+      }
+      d.appendChild(dd);
+    });
+    return d;
+  }
+  function openStall(key) {
+    var e = S.stalls[key];
+    if (!e) return;
+    var box = document.getElementById('stall-detail');
+    box.textContent = '';
+    box.appendChild(el('h3', null, 'Stall: ' + e.target + ' ' + e.mode + ' ' + e.op + (e.ongoing ? ' (ongoing)' : '')));
+    var known = {};
+    var rest = {};
+    Object.keys(e).forEach(function (k) {
+      (KNOWN.indexOf(k) >= 0 ? known : rest)[k] = e[k];
+    });
+    box.appendChild(dl(known));
+    box.appendChild(el('h4', null, 'Context'));
+    box.appendChild(dl(rest));
+    var dlg = document.getElementById('stall-dialog');
+    dlg.setAttribute('data-key', key);
+    if (!dlg.open) dlg.showModal();
+  }
+
+  // For tests and the console: re-render with what is in S.
+  S.openStall = openStall;
+  S.renderStalls = renderStalls;
+
+  // ---- controls ----------------------------------------------------------------------
+  document.querySelectorAll('input[name=range]').forEach(function (r) {
+    r.addEventListener('change', function () {
+      S.range = +r.value;
+      S.step = S.range <= 300 ? 1 : Math.ceil(S.range / 360);
+      S.from = null;
+      S.layout = '';
+      poll(true);
+    });
+  });
+  var resizeTimer = null;
+  window.addEventListener('resize', function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () { S.layout = ''; render(); }, 200);
+  });
+  // The time axis moves with the clock between answers; the ages count up.
+  setInterval(function () {
+    if (!S.fetchedAt) return;
+    tick();
+  }, 100);
+  setInterval(function () {
+    if (!S.fetchedAt) return;
+    var n = nowAgent();
+    for (var k in S.charts) S.charts[k].setScale('x', { min: n - S.range, max: n });
+  }, 1000);
+  poll(true);
+})();

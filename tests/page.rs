@@ -1,0 +1,670 @@
+//! The live page in a real browser: Debian's `chromium`, headless, driven by Debian's
+//! `chromium-driver` over the W3C WebDriver protocol (plain HTTP/JSON with the `ureq`
+//! dev-dependency: six endpoints are all these tests need, so no WebDriver crate). The
+//! agent probes real loop filesystems; a freeze makes a real stall.
+//!
+//! Checked from the page's DOM and chart state, not from the agent: every target's every
+//! op has a chart with data points; during a freeze the blocked call's age rises on
+//! screen and a stall band appears, which opens the event; TLS with basic auth works;
+//! every request the browser made went to 127.0.0.1; without JavaScript the tables are
+//! there. Screenshots go to `target/page-screenshots/`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{require_root, wait_until, Agent, LoopFs};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// Flags Chromium needs as root in a container on a closed network: without the
+/// background-networking ones it tries (and is refused) to reach Google's services.
+const CHROMIUM_FLAGS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
+fn screenshot_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/page-screenshots");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A `chromedriver` on a port of 127.0.0.1, killed by its PID on drop (it ends the
+/// browsers of its sessions when each session is deleted, which `Session` does first).
+struct Driver {
+    child: Child,
+    base: String,
+    http: ureq::Agent,
+    dir: TempDir,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        // chromedriver takes a port, not port 0: one the kernel just handed out.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::Builder::new()
+            .prefix("stallwatch-chromedriver-")
+            .tempdir()
+            .unwrap();
+        let log = dir.path().join("chromedriver.log");
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .arg(format!("--log-path={}", log.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian package chromium-driver) is installed");
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        let d = Driver {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            http,
+            dir,
+        };
+        let up = wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            d.call("GET", "/status", None)
+                .map(|v| v["value"]["ready"] == true)
+                .unwrap_or(false)
+        });
+        assert!(up, "chromedriver did not get ready on {}", d.base);
+        d
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+        let url = format!("{}{}", self.base, path);
+        let r = match (method, body) {
+            ("GET", _) => self.http.get(&url).call(),
+            ("DELETE", _) => self.http.delete(&url).call(),
+            (_, b) => self
+                .http
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(b.unwrap_or_else(|| json!({})).to_string()),
+        };
+        let mut r = r.map_err(|e| format!("{method} {path}: {e}"))?;
+        let status = r.status().as_u16();
+        let text = r
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| format!("{method} {path}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}: {text}"))?;
+        if status != 200 {
+            return Err(format!("{method} {path}: {status}: {v}"));
+        }
+        Ok(v)
+    }
+
+    /// A new browser with a fresh profile; `javascript: false` turns scripts off.
+    fn session(&self, javascript: bool) -> Session<'_> {
+        let profile = tempfile::Builder::new()
+            .prefix("profile-")
+            .tempdir_in(self.dir.path())
+            .unwrap();
+        let mut args: Vec<String> = CHROMIUM_FLAGS.iter().map(|s| s.to_string()).collect();
+        args.push(format!("--user-data-dir={}", profile.path().display()));
+        args.push("--window-size=1400,1000".into());
+        if !javascript {
+            args.push("--blink-settings=scriptEnabled=false".into());
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            // The agent's certificate is made by the test.
+            "acceptInsecureCerts": true,
+            "goog:chromeOptions": {"binary": "/usr/bin/chromium", "args": args},
+            "goog:loggingPrefs": {"performance": "ALL"},
+        }}});
+        let v = self
+            .call("POST", "/session", Some(caps))
+            .unwrap_or_else(|e| panic!("{e}\nchromedriver log:\n{}", self.log_tail()));
+        let id = v["value"]["sessionId"].as_str().unwrap().to_owned();
+        Session {
+            d: self,
+            id,
+            _profile: profile,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let t =
+            std::fs::read_to_string(self.dir.path().join("chromedriver.log")).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One browser window.
+struct Session<'a> {
+    d: &'a Driver,
+    id: String,
+    _profile: TempDir,
+}
+
+impl Session<'_> {
+    fn cmd(&self, method: &str, what: &str, body: Option<Value>) -> Value {
+        let path = format!("/session/{}{}", self.id, what);
+        self.d
+            .call(method, &path, body)
+            .unwrap_or_else(|e| panic!("{e}"))["value"]
+            .take()
+    }
+
+    fn goto(&self, url: &str) {
+        self.cmd("POST", "/url", Some(json!({ "url": url })));
+    }
+
+    fn set_size(&self, width: u32, height: u32) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(json!({"width": width, "height": height})),
+        );
+    }
+
+    /// Runs `script` (a function body) in the page; returns what it returns.
+    fn js(&self, script: &str) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// Polls `script` until it returns something truthy; that value, or a panic.
+    fn wait_js(&self, what: &str, timeout: Duration, script: &str) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.js(script);
+            let ok = !(v.is_null() || v == false || v == 0 || v == "");
+            if ok {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!("{what}: not within {timeout:?}; page said {v}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn screenshot(&self, name: &str) -> PathBuf {
+        let b64 = self.cmd("GET", "/screenshot", None);
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap();
+        let p = screenshot_dir().join(name);
+        std::fs::write(&p, png).unwrap();
+        eprintln!("screenshot: {}", p.display());
+        p
+    }
+
+    /// Every URL the browser requested so far (chromedriver's performance log:
+    /// Network.requestWillBeSent), drained.
+    fn requested_urls(&self) -> Vec<String> {
+        let log = self.cmd("POST", "/se/log", Some(json!({"type": "performance"})));
+        log.as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e["message"].as_str()?).ok())
+            .filter(|m| m["message"]["method"] == "Network.requestWillBeSent")
+            .filter_map(|m| {
+                m["message"]["params"]["request"]["url"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .d
+            .call("DELETE", &format!("/session/{}", self.id), None);
+    }
+}
+
+/// Asserts that every request went to 127.0.0.1, in the performance log and in the
+/// page's own resource timing entries; returns how many there were.
+fn assert_all_local(s: &Session<'_>, scheme: &str) -> usize {
+    let mut urls = s.requested_urls();
+    let timing = s.js(
+        "return performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).map(e => e.name)",
+    );
+    urls.extend(
+        timing
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned()),
+    );
+    assert!(
+        urls.len() >= 4,
+        "the page, its 4 assets and the API: {urls:?}"
+    );
+    for u in &urls {
+        // The browser's own pages (its start page, about:blank) are not requests on
+        // the network.
+        if u.starts_with("chrome://") || u.starts_with("about:") || u.starts_with("data:") {
+            continue;
+        }
+        let parsed = u
+            .strip_prefix(&format!("{scheme}://"))
+            .unwrap_or_else(|| panic!("{u}: not {scheme}://"));
+        let authority = parsed.split('/').next().unwrap();
+        let host = authority.rsplit('@').next().unwrap();
+        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+        assert_eq!(host, "127.0.0.1", "request to another host: {u}");
+    }
+    urls.len()
+}
+
+/// The (mode, op) pairs the agent times for these modes with the default fsync.
+fn ops_of(modes: &[&str]) -> Vec<String> {
+    let mut v = Vec::new();
+    for m in modes {
+        let ops: &[&str] = match *m {
+            "create" => &["create", "close", "unlink"],
+            "overwrite" => &["write", "fsync"],
+            "replace" => &["create", "write", "fsync", "rename", "dirsync"],
+            other => panic!("{other}"),
+        };
+        v.extend(ops.iter().map(|o| format!("{m}|{o}")));
+    }
+    v
+}
+
+/// Per chart key ("target|mode|op"): how many points it has with a latency > 0.
+const CHART_POINTS: &str = "const s = window.stallwatch; if (!s || !s.polls) return null;
+    const out = {};
+    for (const [k, u] of Object.entries(s.charts)) {
+        if (k === 'kernel' || k === 'psi') continue;
+        const ok = u.root.isConnected && u.root.querySelector('canvas') !== null;
+        out[k] = ok ? u.data[1].filter(v => v != null && v > 0).length : -1;
+    }
+    return out;";
+
+fn wait_charts(s: &Session<'_>, expected: &[String], min_points: u64) -> Value {
+    let script = CHART_POINTS;
+    let want = serde_json::to_string(expected).unwrap();
+    s.wait_js(
+        "a chart with data points for every target and op",
+        Duration::from_secs(30),
+        &format!(
+            "const got = (function() {{ {script} }})(); if (!got) return null;
+             const want = {want};
+             return want.every(k => got[k] >= {min_points}) ? got : null;"
+        ),
+    )
+}
+
+fn yaml(a: &LoopFs, b: &LoopFs) -> String {
+    format!(
+        "vm_interval: 1s\nstall_threshold: 1s\ndefaults:\n  interval: 1s\ntargets:\n  \
+         - path: {}\n    name: data\n    modes: [create, overwrite]\n  \
+         - path: {}\n    name: wal\n    modes: [create, overwrite, replace]\n",
+        a.path().display(),
+        b.path().display()
+    )
+}
+
+#[test]
+fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
+    if !require_root("the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts") {
+        return;
+    }
+    let a = LoopFs::new("ext4", 64);
+    let mut b = LoopFs::new("ext4", 64);
+    let agent = Agent::start(&yaml(&a, &b));
+    assert!(agent.wait_up("data") && agent.wait_up("wal"));
+    let driver = Driver::start();
+    let s = driver.session(true);
+    s.set_size(1400, 2800);
+    s.goto(&agent.url("/"));
+
+    let mut expected: Vec<String> = ops_of(&["create", "overwrite"])
+        .into_iter()
+        .map(|k| format!("data|{k}"))
+        .collect();
+    expected.extend(
+        ops_of(&["create", "overwrite", "replace"])
+            .into_iter()
+            .map(|k| format!("wal|{k}")),
+    );
+    let got = wait_charts(&s, &expected, 5);
+    eprintln!("points per chart: {got}");
+    let charts = got.as_object().unwrap();
+    assert_eq!(
+        charts.len(),
+        expected.len(),
+        "one chart per target and op: {got}"
+    );
+    // The kernel chart has its dirty series and both thresholds.
+    let kernel = s.wait_js(
+        "kernel chart with samples",
+        Duration::from_secs(10),
+        "const u = window.stallwatch.charts.kernel; if (!u || u.data[0].length < 5) return null;
+         return {n: u.data[0].length, dirty: u.data[1].at(-1), bg: u.data[3].at(-1), thr: u.data[4].at(-1)};",
+    );
+    assert!(
+        kernel["thr"].as_f64().unwrap() > kernel["bg"].as_f64().unwrap(),
+        "throttling above background threshold: {kernel}"
+    );
+    // STALLWATCH_PAGE_WARMUP=SECONDS lets more history gather before the screenshots
+    // (the ones in docs/ were taken with 120).
+    let warmup = std::env::var("STALLWATCH_PAGE_WARMUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    std::thread::sleep(Duration::from_secs(warmup));
+    s.screenshot("healthy.png");
+
+    // Freeze the WAL filesystem: every lane of `wal` blocks.
+    b.freeze();
+    let frozen_at = Instant::now();
+    // Every blocked call's age as shown in the target's section: [op, seconds].
+    let ages = "return [...document.querySelectorAll('section.target[data-target=\"wal\"] .blocked-age.over')]
+         .filter(e => e.offsetParent !== null)
+         .map(e => [e.dataset.op, parseFloat((e.textContent.match(/for ([0-9.]+) s/) || [])[1])]);";
+    let read = |s: &Session<'_>| -> Vec<(String, f64)> {
+        s.js(ages)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v[0].as_str().unwrap().to_owned(),
+                    v[1].as_f64().unwrap_or(-1.0),
+                )
+            })
+            .collect()
+    };
+    // Two reads 1.5 s apart; a call that was slow before the freeze may return between
+    // them, so look for one shown both times.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rising = loop {
+        let first = read(&s);
+        if !first.is_empty() {
+            std::thread::sleep(Duration::from_millis(1500));
+            let second = read(&s);
+            eprintln!("blocked ages on screen: {first:?} then {second:?}");
+            let same = first.iter().find_map(|(op, a1)| {
+                let a2 = second.iter().find(|(o, _)| o == op)?.1;
+                Some((op.clone(), *a1, a2))
+            });
+            if let Some(x) = same {
+                break x;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no blocked call's age on screen twice"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (op, a1, a2) = rising;
+    assert!(
+        a2 >= a1 + 1.0,
+        "the age of {op} counts up while the call is blocked: {a1} then {a2}"
+    );
+    let alert = s.js("return document.getElementById('blocked').textContent");
+    assert!(
+        alert.as_str().unwrap().contains("wal:"),
+        "the banner names the target: {alert}"
+    );
+    // A stall band on one of wal's charts, ongoing.
+    let marker = s.wait_js(
+        "a stall marker on a chart of the frozen target",
+        Duration::from_secs(15),
+        "const m = [...document.querySelectorAll('section.target[data-target=\"wal\"] .stall-marker.ongoing')];
+         return m.length ? m.map(x => x.dataset.key) : null;",
+    );
+    eprintln!("stall markers: {marker}");
+    std::thread::sleep(Duration::from_secs(3));
+    s.screenshot("stall.png");
+    // Clicking a band opens the event with its context.
+    let detail = s.js(
+        "const m = document.querySelector('section.target[data-target=\"wal\"] .stall-marker.ongoing');
+         m.click();
+         const d = document.getElementById('stall-dialog');
+         return {open: d.open, text: document.getElementById('stall-detail').innerText};",
+    );
+    assert_eq!(detail["open"], true, "{detail}");
+    let text = detail["text"].as_str().unwrap();
+    for want in [
+        "wal",
+        "ongoing",
+        "also blocked",
+        "dirty bytes max",
+        "dirty threshold bytes",
+    ] {
+        assert!(
+            text.contains(want),
+            "the stall dialog shows {want:?}:\n{text}"
+        );
+    }
+    s.screenshot("stall-context.png");
+    // Fields the agent may add later (cause, verdict, anything) show without a page
+    // change: in the dialog, generically, and as table columns for the known two.
+    let extra = s.js(
+        "const s = window.stallwatch; const k = Object.keys(s.stalls)[0];
+         s.stalls[k].verdict = 'filesystem frozen';
+         s.stalls[k].cause = {kind: 'fsfreeze', holder: 'pid 4242'};
+         s.stalls[k].writeback_wait = {inode_count: 7};
+         s.openStall(k); s.renderStalls();
+         return {dialog: document.getElementById('stall-detail').innerText,
+                 head: document.querySelector('#stalls table tr').innerText};",
+    );
+    let dialog = extra["dialog"].as_str().unwrap();
+    for want in [
+        "verdict",
+        "filesystem frozen",
+        "cause",
+        "pid 4242",
+        "writeback wait",
+        "inode count",
+    ] {
+        assert!(
+            dialog.contains(want),
+            "the dialog shows {want:?}:\n{dialog}"
+        );
+    }
+    let head = extra["head"].as_str().unwrap();
+    assert!(head.contains("cause") && head.contains("verdict"), "{head}");
+    s.js("document.getElementById('stall-dialog').close()");
+    b.thaw();
+    eprintln!("frozen for {:.1} s", frozen_at.elapsed().as_secs_f64());
+    // Once thawed the age goes away and the stall ends.
+    s.wait_js(
+        "no blocked call once thawed",
+        Duration::from_secs(15),
+        "return document.querySelectorAll('#blocked .blocked-age').length === 0",
+    );
+    // The 1 h range: every chart spans the hour and still has its points.
+    s.js("document.querySelector('input[name=range][value=\"3600\"]').click()");
+    let span = s.wait_js(
+        "the 1 h range",
+        Duration::from_secs(10),
+        "const s = window.stallwatch; if (s.range !== 3600 || !s.layout) return null;
+         const spans = Object.values(s.charts).map(u => u.scales.x.max - u.scales.x.min);
+         const pts = Object.entries(s.charts).filter(([k]) => k.includes('|')).map(([k, u]) => u.data[0].length);
+         return pts.every(n => n > 0) ? [Math.min(...spans), Math.max(...spans), Math.min(...pts)] : null;",
+    );
+    eprintln!("1 h range: x spans and fewest points {span}");
+    assert!(
+        (3590.0..=3610.0).contains(&span[0].as_f64().unwrap()),
+        "{span}"
+    );
+    let n = assert_all_local(&s, "http");
+    eprintln!("{n} requests, all to 127.0.0.1");
+    drop(a);
+}
+
+/// A self-signed certificate for 127.0.0.1 in `dir`; the web config with basic auth.
+fn tls_web_config(dir: &Path) -> PathBuf {
+    let c =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    std::fs::write(dir.join("server.crt"), c.cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), c.key_pair.serialize_pem()).unwrap();
+    let hash = bcrypt::hash("n1ght-shift", 4).unwrap();
+    let p = dir.join("web.yml");
+    std::fs::write(
+        &p,
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n\
+             basic_auth_users:\n  oncall: {hash}\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn the_live_page_works_over_tls_with_basic_auth() {
+    if !require_root("the_live_page_works_over_tls_with_basic_auth") {
+        return;
+    }
+    let a = LoopFs::new("ext4", 64);
+    let dir = tempfile::tempdir().unwrap();
+    let web = tls_web_config(dir.path());
+    let yaml = format!(
+        "vm_interval: 1s\ndefaults:\n  interval: 1s\ntargets:\n  - path: {}\n    name: data\n    modes: [create, overwrite]\n",
+        a.path().display()
+    );
+    let agent = Agent::start_with_args(&yaml, &["--web.config.file", web.to_str().unwrap()]);
+    let addr = agent.addr().to_owned();
+    let driver = Driver::start();
+    let s = driver.session(true);
+    // Without the password: 401, and no chart.
+    s.goto(&format!("https://{addr}/api/history"));
+    let denied = s.js("return document.body.innerText");
+    assert!(
+        !denied.as_str().unwrap().contains("latency_columns"),
+        "served without a password: {denied}"
+    );
+    drop(s);
+    let s = driver.session(true);
+    s.goto(&format!("https://oncall:n1ght-shift@{addr}/"));
+    let expected: Vec<String> = ops_of(&["create", "overwrite"])
+        .into_iter()
+        .map(|k| format!("data|{k}"))
+        .collect();
+    let got = wait_charts(&s, &expected, 3);
+    eprintln!("over TLS with basic auth: {got}");
+    let proto = s.js("return location.protocol");
+    assert_eq!(proto, "https:");
+    let n = assert_all_local(&s, "https");
+    eprintln!("{n} requests, all to https://127.0.0.1");
+}
+
+#[test]
+fn without_javascript_the_page_shows_its_tables() {
+    if !require_root("without_javascript_the_page_shows_its_tables") {
+        return;
+    }
+    let a = LoopFs::new("ext4", 64);
+    let yaml = format!(
+        "vm_interval: 1s\ndefaults:\n  interval: 1s\ntargets:\n  - path: {}\n    name: data\n",
+        a.path().display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(agent.wait_up("data"));
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || agent.get("/").1.contains("id=\"kernel-now\"")
+    ));
+    // Plain HTTP: the server renders the tables.
+    let (status, html, _) = agent.get("/");
+    assert_eq!(status, 200);
+    for want in [
+        "<table id=\"targets\">",
+        "<td>data</td>",
+        "in flight now",
+        "throttling threshold",
+        "Recent stalls",
+        "None since start.",
+    ] {
+        assert!(html.contains(want), "GET / lacks {want:?}:\n{html}");
+    }
+    // Page weight: the page and everything it loads (all under /assets/), as sent.
+    let mut total = html.len();
+    let mut assets = Vec::new();
+    for part in html.split("/assets/").skip(1) {
+        let name = part.split('"').next().unwrap();
+        let (status, body, _) = agent.get(&format!("/assets/{name}"));
+        assert_eq!(status, 200, "/assets/{name}");
+        assets.push((name.to_owned(), body.len()));
+        total += body.len();
+    }
+    eprintln!("page weight: {total} bytes: / {} B, {assets:?}", html.len());
+    assert_eq!(
+        assets.len(),
+        4,
+        "uPlot's script and style, the page's: {assets:?}"
+    );
+    assert!(total <= 200_000, "page weight {total} bytes");
+    // GET only; assets revalidate by ETag; a malformed query is refused.
+    let client = common::fresh_client();
+    for path in ["/", "/api/history", "/assets/page.js"] {
+        let r = common::request(&client, "POST", &agent.url(path), &[]).unwrap();
+        assert_eq!(r.status, 405, "POST {path}");
+    }
+    let js = agent.get_raw("/assets/page.js", &[]).unwrap();
+    let tag = js.header("etag").expect("an ETag").to_owned();
+    let again = agent
+        .get_raw("/assets/page.js", &[("if-none-match", &tag)])
+        .unwrap();
+    assert_eq!(again.status, 304, "revalidated by {tag}");
+    assert_eq!(agent.get("/assets/nope.js").0, 404);
+    assert_eq!(agent.get("/api/history?range=soon").0, 400);
+    // And in a browser with scripts off: the tables show, the chart sections stay hidden.
+    let driver = Driver::start();
+    let s = driver.session(false);
+    s.goto(&agent.url("/"));
+    std::thread::sleep(Duration::from_secs(2));
+    let shot = s.screenshot("no-javascript.png");
+    assert!(std::fs::metadata(shot).unwrap().len() > 1000);
+    // WebDriver's own script runs even with page scripts disabled.
+    let v = s.js(
+        "return {rows: document.querySelectorAll('#targets tr').length,
+                 latencyHidden: document.getElementById('latency').hidden,
+                 controlsShown: getComputedStyle(document.getElementById('controls')).display !== 'none',
+                 polls: window.stallwatch ? window.stallwatch.polls : null,
+                 noscript: document.querySelector('noscript') !== null}",
+    );
+    eprintln!("without javascript: {v}");
+    assert_eq!(v["rows"], 2, "header and the one target: {v}");
+    assert_eq!(v["latencyHidden"], true, "{v}");
+    assert_eq!(
+        v["controlsShown"], false,
+        "no range buttons that do nothing: {v}"
+    );
+    assert!(v["polls"].is_null(), "the page script did not run: {v}");
+}
