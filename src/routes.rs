@@ -642,6 +642,7 @@ mod tests {
                 seq,
                 elapsed: Duration::from_millis(1500),
                 failure: None,
+                waits: None,
             };
             stalls.finished(key, call, &[]);
         }
