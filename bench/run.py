@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""stallwatch benchmark: accuracy, overhead, scrape cost, detection delay, cardinality.
+"""stallwatch benchmark: accuracy, overhead, scrape cost, detection delay, cardinality;
+on request, cost at 64 targets and the accuracy of the append probe.
 
 One command, run as root from anywhere:
 
-    bench/run.py                 # full run, about 4.5 minutes
+    bench/run.py                 # full run of sections 1-5, about 4.5 minutes
     bench/run.py --quick         # smoke run (short windows, fewer rounds), under 1 minute
+    bench/run.py --only 6,7      # 64 targets (tmpfs + loop) and append against fio's etcd job
 
 It needs the release binary (cargo build --release), fio, ioping, strace, curl,
 prometheus-node-exporter, mkfs.xfs, mkfs.ext4, losetup, fsfreeze. It creates its own
@@ -505,7 +507,8 @@ def accuracy(args, fss, paced, rounds, n):
 
 
 def thread_cpu(pid):
-    """CPU ns per thread name (digits folded: probe-0..7 -> probe-#), from schedstat."""
+    """CPU ns per thread name, from schedstat. Lane threads (p<target>-<mode>, comm
+    truncated to 15 bytes) fold into lanes-<mode>; trailing digits into #."""
     out = {}
     for t in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -513,9 +516,16 @@ def thread_cpu(pid):
             ns = int((t / "schedstat").read_text().split()[0])
         except OSError:
             continue
-        name = re.sub(r"\d+$", "#", st[st.index("(") + 1:st.rindex(")")])
+        name = st[st.index("(") + 1:st.rindex(")")]
+        name = re.sub(r"^p\d+-", "lanes-", name) if re.match(r"^p\d+-", name) \
+            else re.sub(r"\d+$", "#", name)
         out[name] = out.get(name, 0) + ns
     return out
+
+
+def lane_cpu(threads):
+    """Seconds of CPU of all probe lane threads."""
+    return sum(v for k, v in threads.items() if k.startswith("lanes-"))
 
 
 def curl_block(url, n, gzip):
@@ -732,6 +742,408 @@ def detection(args, fs):
 
 
 # ---------------------------------------------------------------------------------------
+# 6. Cost at scale: 64 targets (tmpfs mounts and the loop filesystems), against
+#    node_exporter, at 1 s and 10 s; scrape cost, also while some targets are frozen.
+
+
+class Tmpfs:
+    """A small tmpfs mounted by the run under its work directory: a cheap target."""
+
+    def __init__(self, work, idx):
+        self.name = f"t{idx:02d}"
+        self.mnt = work / "tmpfs" / self.name
+
+    def create(self):
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        UNDO.push(f"rmdir {self.mnt}", lambda: self.mnt.rmdir())
+        run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", f"sw-bench-{self.name}",
+             str(self.mnt)])
+        UNDO.push(f"umount {self.mnt}", lambda: umount(self.mnt))
+        return self
+
+
+def start_node_exporter(work, tag):
+    port = free_port()
+    ne = start_proc([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}"],
+                    work / f"node_exporter-{tag}.log", f"node_exporter {tag}")
+    nec = Client(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            nec.get()
+            return ne, nec, port
+        except (OSError, http.client.HTTPException, MeasureError):
+            if time.monotonic() > deadline or ne.poll() is not None:
+                raise SetupError(f"node_exporter did not start:\n"
+                                 f"{(work / f'node_exporter-{tag}.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+
+def wait_all_up(agent, targets, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        text = agent.scrape()
+        down = [t.name for t in targets if metric_values(text, "stallwatch_target_up", t.name) != [1.0]]
+        if not down:
+            return text
+        if time.monotonic() > deadline:
+            raise MeasureError(f"targets not up after {timeout:.0f} s: {down[:8]} "
+                               f"({len(down)} of {len(targets)})")
+        time.sleep(0.25)
+
+
+def scrape_blocks(urls, combos, requests, block=25):
+    """requests GETs per (server, gzip) combo in keep-alive curl blocks that rotate
+    through the combos, with a 100 ms pause at each switch (see section 3)."""
+    res = {c: [] for c in combos}
+    for i in range(-(-requests // block)):
+        for c in combos[i % len(combos):] + combos[:i % len(combos)]:
+            time.sleep(0.1)
+            got = curl_block(urls[c[0]], min(block, requests - i * block), c[1])
+            if c[1] and any(e != "gzip" for _, _, e in got):
+                raise MeasureError(f"{c[0]} did not gzip /metrics: {got[0]}")
+            res[c] += got
+    out = {}
+    for c in combos:
+        t = [x[0] for x in res[c]]
+        out[c] = {"p50": pct(t, 50), "p99": pct(t, 99), "max": max(t),
+                  "bytes": med([x[1] for x in res[c]]), "n": len(t)}
+    return out
+
+
+def freezer(mnt, hold):
+    """A child that freezes mnt, and thaws it itself after hold s even if we die."""
+    fz = subprocess.Popen(["sh", "-c", 'fsfreeze -f "$1" && echo frozen; sleep "$2"; '
+                           'fsfreeze -u "$1"; echo thawed', "sh", str(mnt), str(hold)],
+                          stdout=subprocess.PIPE, text=True, start_new_session=True)
+    UNDO.frozen.add(mnt)
+    UNDO.push(f"stop freezer (pid {fz.pid})", lambda: stop_proc(fz))
+    return fz
+
+
+def get_timed(client, path, n):
+    t = []
+    for _ in range(n):
+        t.append(client.get(path)[1])
+    return t
+
+
+def scale_phase(args, targets, loops, interval, with_scrape):
+    """One agent probing every target at `interval`, next to node_exporter, for the
+    scale window; then (with_scrape) the scrape cost and the scrape cost while
+    args.scale_frozen of the loop targets are frozen."""
+    iv = f"{interval:g}s"
+    cfg = f"listen_address: 127.0.0.1:0\ndefaults:\n  interval: {iv}\n" + target_yaml(targets)
+    agent = Agent(args.bin, args.work, f"agent{len(targets)}-{iv}", cfg)
+    ne, nec, port = start_node_exporter(args.work, f"scale-{iv}")
+    t_up = time.monotonic()
+    # Lanes start staggered over the interval: every target is up after one interval.
+    wait_all_up(agent, targets, 2 * interval + 15)
+    log(f"scale {iv}: {len(targets)} targets up after {time.monotonic() - t_up:.1f} s")
+    time.sleep(2)
+    a0, n0, th0 = proc_stat(agent.proc.pid), proc_stat(ne.pid), thread_cpu(agent.proc.pid)
+    text0 = agent.scrape()
+    t0 = time.monotonic()
+    scrapes = 1
+    nec.get()
+    log(f"scale {iv}: window {args.scale_window:.0f} s, agent {agent.addr}, node_exporter "
+        f"127.0.0.1:{port}, both scraped every 15 s")
+    while True:
+        nxt = t0 + 15 * scrapes
+        if nxt >= t0 + args.scale_window:
+            break
+        time.sleep(max(0, nxt - time.monotonic()))
+        agent.scrape()
+        nec.get()
+        scrapes += 1
+    time.sleep(max(0, t0 + args.scale_window - time.monotonic()))
+    el = time.monotonic() - t0
+    a1, n1, th1 = proc_stat(agent.proc.pid), proc_stat(ne.pid), thread_cpu(agent.proc.pid)
+    text1 = agent.scrape()
+    cycles = sum(sum(metric_values(text1, "stallwatch_probes_total", t.name)) -
+                 sum(metric_values(text0, "stallwatch_probes_total", t.name)) for t in targets)
+    skipped = sum(sum(metric_values(text1, "stallwatch_probes_skipped_total", t.name)) -
+                  sum(metric_values(text0, "stallwatch_probes_skipped_total", t.name))
+                  for t in targets)
+    errs = [ln for ln in samples(text1) if ln.startswith("stallwatch_probe_errors_total")]
+    up = sum(metric_values(text1, "stallwatch_target_up", t.name)[0] for t in targets)
+    lines = samples(text1)
+    per_target = [len([ln for ln in lines if f'target="{t.name}"' in ln]) for t in targets]
+    out = {
+        "interval": interval, "window": el, "scrapes": scrapes, "cycles": cycles,
+        "skipped": skipped, "errors": errs, "up": up, "targets": len(targets),
+        "lanes": len(targets) * 2,
+        "sw": {"cpu": a1[0] - a0[0], "rss": a1[1], "hwm": a1[2], "threads": a1[3]},
+        "ne": {"cpu": n1[0] - n0[0], "rss": n1[1], "hwm": n1[2], "threads": n1[3]},
+        "threads": {k: (v - th0.get(k, 0)) / 1e9 for k, v in th1.items()},
+        "series": len(lines), "per_target": (min(per_target), max(per_target)),
+        "bytes": len(text1.encode()),
+    }
+    if with_scrape:
+        urls = {"sw": f"http://{agent.addr}/metrics", "ne": f"http://127.0.0.1:{port}/metrics"}
+        combos = [("sw", False), ("ne", False), ("sw", True), ("ne", True)]
+        log(f"scale {iv}: scrape cost, {args.requests} requests per server and encoding")
+        c0 = {"sw": proc_stat(agent.proc.pid)[0], "ne": proc_stat(ne.pid)[0]}
+        out["scrape"] = scrape_blocks(urls, combos, args.requests)
+        c1 = {"sw": proc_stat(agent.proc.pid), "ne": proc_stat(ne.pid)}
+        for k in ("sw", "ne"):
+            out["scrape"][k] = {"cpu_per_scrape": (c1[k][0] - c0[k]) / (2 * args.requests),
+                                "hwm_after": c1[k][2]}
+        out["frozen"] = scrape_while_frozen(args, agent, ne, urls, combos,
+                                            loops[:args.scale_frozen])
+        out["sw"]["hwm_end"] = proc_stat(agent.proc.pid)[2]
+    nec.close()
+    agent.stop()
+    stop_proc(ne)
+    return out
+
+
+def scrape_while_frozen(args, agent, ne, urls, combos, frozen):
+    """Freezes `frozen` (loop targets), waits until every lane of each is blocked past
+    the stall threshold, then times scrapes of both servers, the landing page and
+    /api/stalls; thaws in a finally."""
+    hold = 60  # the children's own thaw, should the runner die; we thaw well before
+    fzs = []
+    res = {}
+    try:
+        for f in frozen:
+            fzs.append(freezer(f.mnt, hold))
+        t0 = time.monotonic()
+        # Every lane of a frozen target enters its next cycle within one interval and
+        # blocks in its first write-side call; wait until each is seen past 1 s.
+        names = {f.name for f in frozen}
+        while True:
+            text = agent.scrape()
+            blocked = {n: len([v for v in metric_values(text, "stallwatch_probe_inflight_seconds", n)
+                               if v >= 1.0]) for n in names}
+            if all(b >= 2 for b in blocked.values()):
+                break
+            if time.monotonic() - t0 > 10:
+                raise MeasureError(f"frozen targets' lanes not all blocked after 10 s: {blocked}")
+            time.sleep(0.1)
+        log(f"frozen {sorted(names)}: every lane blocked after {time.monotonic() - t0:.1f} s; "
+            f"scrape cost while frozen, {args.frozen_requests} requests per server and encoding")
+        res = scrape_blocks(urls, combos, args.frozen_requests)
+        res["page"] = get_timed(agent.client, "/", 50)
+        res["api"] = get_timed(agent.client, "/api/stalls", 50)
+        text = agent.scrape()
+        ages = [v for n in names for v in metric_values(text, "stallwatch_probe_inflight_seconds", n)
+                if v > 0]
+        res["blocked_lanes"] = len(ages)
+        res["age_min"], res["age_max"] = min(ages), max(ages)
+        res["held"] = time.monotonic() - t0
+        res["names"] = sorted(names)
+        page = agent.client.get("/")[0].decode()
+        res["page_lists"] = sum(1 for n in names for m in ("create", "overwrite")
+                                if re.search(rf"<td>{n}</td>(?:(?!</tr>).)*?{m} \w+ for", page))
+        stalls_now = json.loads(agent.client.get("/api/stalls")[0])
+        res["ongoing"] = len([e for e in stalls_now if e["ongoing"] and e["target"] in names])
+    finally:
+        for f in frozen:
+            thaw(f.mnt)
+        for fz in fzs:
+            stop_proc(fz)
+    # After the thaw: every lane's blocked call returns and its stall is closed.
+    deadline = time.monotonic() + 10
+    while True:
+        ev = json.loads(agent.client.get("/api/stalls")[0])
+        mine = [e for e in ev if e["target"] in res["names"]]
+        if mine and not any(e["ongoing"] for e in mine):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    res["events"] = len(mine)
+    res["events_naming_other"] = len([e for e in mine if e["also_blocked"]])
+    return res
+
+
+def scale(args, loops):
+    n_tmpfs = args.scale_targets - len(loops)
+    log(f"scale: mounting {n_tmpfs} tmpfs under {args.work / 'tmpfs'}")
+    tmp = [Tmpfs(args.work, i).create() for i in range(n_tmpfs)]
+    targets = loops + tmp
+    out = {"n_tmpfs": n_tmpfs, "n_loop": len(loops)}
+    out["1s"] = scale_phase(args, targets, loops, 1.0, with_scrape=True)
+    out["10s"] = scale_phase(args, targets, loops, 10.0, with_scrape=False)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 7. Accuracy of append against fio's etcd job
+
+
+APPEND_BS = 2300  # etcd's guidance: fio --rw=write --ioengine=sync --fdatasync=1 --bs=2300
+
+
+def run_stallwatch_append(binary, fs, n, paced):
+    cmd = [str(binary), "probe", str(fs.mnt), "--mode", "append", "--count", str(n),
+           "--interval", f"{PACE_MS}ms" if paced else "0", "--size", str(APPEND_BS), "--json"]
+    r = run(cmd, timeout=180)
+    cyc = json.loads(r.stdout)["cycles"]
+    if len(cyc) != n or any("error" in c for c in cyc):
+        raise MeasureError(f"stallwatch probe --mode append on {fs.mnt}: {len(cyc)} cycles, "
+                           f"errors: {[c['error'] for c in cyc if 'error' in c][:3]}")
+    w = [c["write"] for c in cyc]
+    s = [c["fdatasync"] for c in cyc]
+    return {"write": w, "sync": s, "total": [a + b for a, b in zip(w, s)]}
+
+
+def run_fio_append(fs, n, work, tag, paced, prealloc):
+    """etcd's fio job on a new file of n*2300 bytes. As published (prealloc) fio lays the
+    file out with fallocate(0, size) first: the writes fill preallocated extents and the
+    size does not change. With --fallocate=none the file starts empty and every write
+    extends it, as stallwatch's append does."""
+    d = fs.mnt / "fio-append"
+    d.mkdir(exist_ok=True)
+    logdir = work / "fio-logs"
+    logdir.mkdir(exist_ok=True)
+    prefix = logdir / tag
+    cmd = ["fio", "--name=etcd", f"--directory={d}", "--rw=write", "--ioengine=sync",
+           "--fdatasync=1", f"--bs={APPEND_BS}", f"--size={APPEND_BS * n}",
+           "--output-format=json+", f"--write_lat_log={prefix}", "--log_avg_msec=0"]
+    if not prealloc:
+        cmd.append("--fallocate=none")
+    if paced:
+        cmd.append(f"--rate_iops={1000 // PACE_MS}")
+    r = run(cmd, timeout=180)
+    job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    clat = [int(ln.split(",")[1]) / 1e9 for ln in open(f"{prefix}_clat.1.log") if ln.strip()]
+    for f in logdir.glob(f"{tag}_*.log"):
+        f.unlink()
+    for f in d.iterdir():
+        f.unlink()
+    sync = [int(v) / 1e9 for v, c in job["sync"]["lat_ns"]["bins"].items() for _ in range(c)]
+    return {"write": clat, "sync": sync, "write_n": job["write"]["total_ios"],
+            "sync_n": job["sync"]["lat_ns"]["N"]}
+
+
+def run_append_control(fs, n, paced, keep_open):
+    """In-process control: 2300-byte O_APPEND write + fdatasync on a new file, the
+    descriptor kept open (as fio and a database keep their log) or opened before and
+    closed after each request (as stallwatch's append lane does every cycle)."""
+    d = fs.mnt / "ctl"
+    d.mkdir(exist_ok=True)
+    path = d / "append.log"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    buf, w, s = os.urandom(APPEND_BS), [], []
+    fd = os.open(path, flags, 0o600) if keep_open else None
+    due = time.monotonic()
+    try:
+        for _ in range(n):
+            if not keep_open:
+                fd = os.open(path, flags, 0o600)
+            t0 = time.perf_counter()
+            os.write(fd, buf)
+            t1 = time.perf_counter()
+            os.fdatasync(fd)
+            t2 = time.perf_counter()
+            w.append(t1 - t0)
+            s.append(t2 - t1)
+            if not keep_open:
+                os.close(fd)
+                fd = None
+            if paced:
+                due += PACE_MS / 1000
+                time.sleep(max(0, due - time.monotonic()))
+    finally:
+        if fd is not None:
+            os.close(fd)
+        path.unlink()
+    return {"write": w, "sync": s, "total": [a + b for a, b in zip(w, s)]}
+
+
+def fio_append_syscalls(fs, work):
+    """strace -f of both fio variants, 4 writes: what each does to the file."""
+    out = {}
+    d = fs.mnt / "fio-append"
+    d.mkdir(exist_ok=True)
+    for label, extra in (("etcd job as published", []), ("--fallocate=none", ["--fallocate=none"])):
+        cmd = ["strace", "-f", "-e", "trace=fallocate,ftruncate,write,fdatasync",
+               "fio", "--name=mix", f"--directory={d}", "--rw=write", "--ioengine=sync",
+               "--fdatasync=1", f"--bs={APPEND_BS}", f"--size={4 * APPEND_BS}", *extra,
+               "--output=/dev/null"]
+        r = run(cmd, timeout=60, cwd=work)
+        found = [m.groups() for m in re.finditer(
+            r"(fallocate|ftruncate|write|fdatasync)\((\d+)(.*)\)\s+= (\S+)", r.stderr)]
+        # The data file is the one fdatasync'ed; fio's pipes and output are not.
+        fd = next((f for name, f, _, _ in found if name == "fdatasync"), None)
+        calls = []
+        for name, f, rest, ret in found:
+            if f != fd:
+                continue
+            if name == "fallocate":
+                mode, off, length = [x.strip() for x in rest.lstrip(", ").split(",")]
+                calls.append(f"fallocate(mode {mode}, offset {off}, length {length})")
+            elif name == "write":
+                calls.append(f"write {ret}")
+            else:
+                calls.append(name + rest)
+        for f in d.iterdir():
+            f.unlink()
+        out[label] = calls
+    return out
+
+
+def append_accuracy(args, fss, paced, rounds, n):
+    tools = ["sw", "fio", "fio_grow", "ctl_open", "ctl_reopen"]
+    res = {f.name: {t: [] for t in tools} for f in fss}
+    label = f"paced {PACE_MS} ms" if paced else "back-to-back"
+    p0, t0 = io_pressure(), time.monotonic()
+    for rnd in range(rounds):
+        order = tools[rnd % len(tools):] + tools[:rnd % len(tools)]
+        for fs in (fss if rnd % 2 == 0 else fss[::-1]):
+            r = res[fs.name]
+            for t in order:
+                if t == "sw":
+                    r["sw"].append(run_stallwatch_append(args.bin, fs, n, paced))
+                elif t.startswith("ctl"):
+                    r[t].append(run_append_control(fs, n, paced, keep_open=(t == "ctl_open")))
+                else:
+                    r[t].append(run_fio_append(fs, n, args.work, f"ap-{fs.name}-{int(paced)}-{rnd}-{t}",
+                                               paced, prealloc=(t == "fio")))
+        log(f"append accuracy {label} round {rnd + 1}/{rounds}: " + "; ".join(
+            f"{nm} fdatasync p50/p99 stallwatch {us(pct(r['sw'][-1]['sync'], 50))}/"
+            f"{us(pct(r['sw'][-1]['sync'], 99))} fio {us(pct(r['fio'][-1]['sync'], 50))}/"
+            f"{us(pct(r['fio'][-1]['sync'], 99))} fio grow {us(pct(r['fio_grow'][-1]['sync'], 50))}/"
+            f"{us(pct(r['fio_grow'][-1]['sync'], 99))}" for nm, r in res.items()))
+    p1, t1 = io_pressure(), time.monotonic()
+    pool = lambda runs, k: [x for run_ in runs for x in run_[k]]  # noqa: E731
+    # write+fdatasync as the sum of the two ops' percentiles, the one estimator both
+    # tools give (fio logs no per-request sync latency); stallwatch's per-cycle
+    # percentile of the sum is printed beside it.
+    both = lambda x, p: pct(x["write"], p) + pct(x["sync"], p)  # noqa: E731
+    out = {"label": label, "rounds": rounds, "n": n, "paced": paced,
+           "pressure": (p1 - p0) / (t1 - t0) if p0 is not None else None, "fs": {}}
+    for name, r in res.items():
+        rows = {}
+        for ref in ("fio", "fio_grow"):
+            for p in (50, 99):
+                sw_r = [both(x, p) for x in r["sw"]]
+                fi_r = [both(x, p) for x in r[ref]]
+                swp = pct(pool(r["sw"], "write"), p) + pct(pool(r["sw"], "sync"), p)
+                fip = pct(pool(r[ref], "write"), p) + pct(pool(r[ref], "sync"), p)
+                rows[(ref, "total", p)] = (swp, fip, ratio(swp, fip),
+                                           med([ratio(a, b) for a, b in zip(sw_r, fi_r)]))
+                for k in ("write", "sync"):
+                    sw_r = [pct(x[k], p) for x in r["sw"]]
+                    fi_r = [pct(x[k], p) for x in r[ref]]
+                    swp, fip = pct(pool(r["sw"], k), p), pct(pool(r[ref], k), p)
+                    rows[(ref, k, p)] = (swp, fip, ratio(swp, fip),
+                                         med([ratio(a, b) for a, b in zip(sw_r, fi_r)]))
+        rows["sw_cycle"] = {p: pct(pool(r["sw"], "total"), p) for p in (50, 99)}
+        # The controls: the percentile of the per-request sum (pooled), and stallwatch's
+        # median round ratio to each on the same estimator as against fio.
+        for c in ("ctl_open", "ctl_reopen"):
+            rows[c] = {p: (pct(pool(r[c], "total"), p),
+                           med([ratio(both(a, p), both(b, p)) for a, b in zip(r["sw"], r[c])]))
+                       for p in (50, 99)}
+        rows["fio_counts"] = {t: (r[t][0]["write_n"], r[t][0]["sync_n"]) for t in ("fio", "fio_grow")}
+        out["fs"][name] = rows
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # Report
 
 
@@ -782,7 +1194,8 @@ def table(rows, head):
         print(fmt(r))
 
 
-def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, goals):
+def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, scl, aaccs, amix,
+           goals):
     print()
     print("stallwatch benchmark")
     print(f"machine: {mach['nproc']} CPUs, {mach['cpu']}, {mach['mem_gib']:.1f} GiB, kernel "
@@ -855,7 +1268,7 @@ def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, 
         print("   stallwatch CPU by thread (schedstat): " + ", ".join(
             f"{k} {v * 1e3:.0f} ms" for k, v in sorted(over["threads"].items(), key=lambda x: -x[1]))
             + f"; probe threads per target cycle: "
-              f"{us(over['threads'].get('probe-#', 0) / max(1, over['cycles'] / 2))}")
+              f"{us(lane_cpu(over['threads']) / max(1, over['cycles'] / 2))}")
 
     if scrape:
         print(f"\n3. Scrape cost: GET /metrics with 8 targets, {args.requests} sequential keep-alive "
@@ -907,6 +1320,11 @@ def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, 
         print("   per target by family: " + ", ".join(f"{k.replace('stallwatch_', '')} {v}"
                                                        for k, v in ser["families"].items()))
 
+    if scl:
+        report_scale(args, scl)
+    for acc in aaccs or []:
+        report_append(acc, amix)
+
     print("\nGoals")
     if goals:
         table([(g, m, "ok" if ok else "MISSED") for g, m, ok in goals], ("goal", "measured", ""))
@@ -914,7 +1332,112 @@ def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, 
         print("(none in the selected sections)")
 
 
-def goals_of(accs, over, scrape, det):
+def report_scale(args, scl):
+    one, ten = scl["1s"], scl["10s"]
+    print(f"\n6. Cost at scale: {one['targets']} targets ({scl['n_loop']} loop filesystems, 4 XFS + "
+          f"4 ext4, and {scl['n_tmpfs']} tmpfs of 8 MiB), default modes (create, overwrite+fsync): "
+          f"{one['lanes']} lanes; next to node_exporter (default collectors, same host, same "
+          "mounts), both scraped every 15 s; CPU is utime+stime of the process over the window")
+    rows = []
+    for ph in (one, ten):
+        for k, name in (("sw", "stallwatch"), ("ne", "node_exporter")):
+            o = ph[k]
+            rows.append((f"{ph['interval']:g} s", name, f"{ph['window']:.0f} s", f"{o['cpu']:.2f} s",
+                         f"{100 * o['cpu'] / ph['window']:.3f} %", f"{o['hwm'] / 1024:.1f} MiB",
+                         f"{o['rss'] / 1024:.1f} MiB", o["threads"]))
+    table(rows, ("interval", "process", "window", "CPU", "of one core", "peak RSS (VmHWM)",
+                 "RSS at end", "threads"))
+    for ph in (one, ten):
+        lanes_s = lane_cpu(ph["threads"])
+        print(f"   {ph['interval']:g} s: {ph['cycles']:.0f} lane cycles in the window "
+              f"({ph['cycles'] / ph['window']:.1f}/s), {ph['skipped']:.0f} skipped, "
+              f"{ph['up']:.0f}/{ph['targets']} targets up, {len(ph['errors'])} error series; "
+              f"stallwatch CPU by thread: lanes {lanes_s * 1e3:.0f} ms "
+              f"({us(lanes_s / max(1, ph['cycles']))} per lane cycle), " + ", ".join(
+                  f"{k} {v * 1e3:.0f} ms" for k, v in sorted(ph["threads"].items(), key=lambda x: -x[1])
+                  if not k.startswith("lanes-")))
+    print(f"   series: {one['series']} sample lines in a scrape with {one['targets']} targets "
+          f"({one['per_target'][0]}-{one['per_target'][1]} per target), {one['bytes']} bytes plain")
+    sc = one["scrape"]
+    print(f"\n6b. Scrape cost with {one['targets']} targets at 1 s: GET /metrics, {args.requests} "
+          "keep-alive requests per row, rows alternating in blocks of 25 (as in 3)")
+    rows = []
+    for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
+                          (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
+        x = sc[(k, gz)]
+        rows.append((name, ms(x["p50"]), ms(x["p99"]), ms(x["max"]), f"{x['bytes']:.0f}"))
+    table(rows, ("server", "p50", "p99", "max", "bytes"))
+    for gz, lab in ((False, "plain"), (True, "gzip")):
+        print(f"   p99 ratio stallwatch/node_exporter ({lab}): "
+              f"{ratio(sc[('sw', gz)]['p99'], sc[('ne', gz)]['p99']):.3f}")
+    print(f"   server CPU per scrape: stallwatch {sc['sw']['cpu_per_scrape'] * 1e3:.2f} ms, "
+          f"node_exporter {sc['ne']['cpu_per_scrape'] * 1e3:.2f} ms; peak RSS after the burst: "
+          f"stallwatch {sc['sw']['hwm_after'] / 1024:.1f} MiB, node_exporter "
+          f"{sc['ne']['hwm_after'] / 1024:.1f} MiB")
+    fr = one["frozen"]
+    print(f"\n6c. Scrape cost while {len(fr['names'])} of the {one['targets']} targets are frozen "
+          f"({', '.join(fr['names'])}: fsfreeze -f, every lane of each blocked past 1 s before "
+          f"the first request; {fr['blocked_lanes']} lanes in flight at the end, blocked "
+          f"{fr['age_min']:.1f}-{fr['age_max']:.1f} s), {args.frozen_requests} requests per row "
+          "in blocks of 25")
+    rows = []
+    for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
+                          (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
+        x, y = fr[(k, gz)], sc[(k, gz)]
+        rows.append((name, ms(x["p50"]), ms(x["p99"]), ms(x["max"]), ms(y["p99"]),
+                     f"{ratio(x['p99'], y['p99']):.3f}"))
+    table(rows, ("server", "p50 frozen", "p99 frozen", "max frozen", "p99 not frozen (6b)",
+                 "frozen/not"))
+    print(f"   landing page (50 GETs while frozen): p50 {ms(pct(fr['page'], 50))}, max "
+          f"{ms(max(fr['page']))}, lists {fr['page_lists']} of {2 * len(fr['names'])} blocked lanes; "
+          f"/api/stalls: p50 {ms(pct(fr['api'], 50))}, max {ms(max(fr['api']))}, "
+          f"{fr['ongoing']} ongoing events; after the thaw {fr['events']} events of the frozen "
+          f"targets, {fr['events_naming_other']} naming another lane blocked with it")
+
+
+def report_append(acc, amix):
+    print(f"\n7{'a' if acc['paced'] else 'b'}. Accuracy of append, {acc['label']}: write of "
+          f"{APPEND_BS} bytes at the end of a new log file + fdatasync, {acc['n']} requests per run, "
+          f"{acc['rounds']} interleaved rounds per filesystem; stallwatch probe --mode append "
+          f"--size {APPEND_BS} against fio's etcd job (--rw=write --ioengine=sync --fdatasync=1 "
+          f"--bs={APPEND_BS}) as published and with --fallocate=none"
+          + (f"; host I/O pressure (PSI some) {100 * acc['pressure']:.1f}% of the time"
+             if acc["pressure"] is not None else ""))
+    if acc["paced"]:
+        print(f"    requests {PACE_MS} ms apart: stallwatch --interval {PACE_MS}ms, fio "
+              f"--rate_iops={1000 // PACE_MS}")
+    else:
+        print("    requests back to back: stallwatch --interval 0, fio unpaced (as etcd's job)")
+    rows = []
+    for fs, r in acc["fs"].items():
+        for k, lab in (("total", "write+fdatasync"), ("write", "write"), ("sync", "fdatasync")):
+            for p in (50, 99):
+                a, b = r[("fio", k, p)], r[("fio_grow", k, p)]
+                rows.append((fs, f"{lab} p{p}", us(a[0]), us(a[1]), f"{a[2]:.3f}", f"{a[3]:.3f}",
+                             us(b[1]), f"{b[2]:.3f}", f"{b[3]:.3f}"))
+    table(rows, ("fs", "latency", "stallwatch", "fio etcd", "ratio", "median round",
+                 "fio fallocate=none", "ratio", "median round"))
+    print("   write+fdatasync: the sum of the write and the fdatasync percentile, for both tools "
+          "(fio logs no per-request sync time); ratio: of the pooled percentiles; median round: "
+          "of the per-round ratios")
+    for fs, r in acc["fs"].items():
+        c = r["fio_counts"]
+        print(f"   {fs}: stallwatch's percentile of the per-cycle sum: p50 {us(r['sw_cycle'][50])}, "
+              f"p99 {us(r['sw_cycle'][99])}; fio timed {c['fio'][0]} writes and {c['fio'][1]} "
+              f"syncs per run (fallocate=none: {c['fio_grow'][0]} / {c['fio_grow'][1]})")
+    for fs, r in acc["fs"].items():
+        print(f"   {fs}: control in-process (Python), write+fdatasync per request, pooled p50 / p99, "
+              "and stallwatch's median round ratio to it: descriptor kept open "
+              f"{us(r['ctl_open'][50][0])} / {us(r['ctl_open'][99][0])} (ratio {r['ctl_open'][50][1]:.3f} / "
+              f"{r['ctl_open'][99][1]:.3f}); opened and closed around each request "
+              f"{us(r['ctl_reopen'][50][0])} / {us(r['ctl_reopen'][99][0])} (ratio "
+              f"{r['ctl_reopen'][50][1]:.3f} / {r['ctl_reopen'][99][1]:.3f})")
+    if amix and acc["paced"]:
+        for k, v in amix.items():
+            print(f"   fio {k}, strace of a 4-write run, calls on the file: " + ", ".join(v))
+
+
+def goals_of(accs, over, scrape, det, scl=None, aaccs=None):
     g = []
     acc = next((a["fs"] for a in accs or [] if a["paced"]), {})
     for fs, r in acc.items():
@@ -941,6 +1464,27 @@ def goals_of(accs, over, scrape, det):
             worst = max((t[key] if t[key] is not None else float("inf")) for t in det["trials"])
             g.append((f"{lab} within threshold+0.3 s (worst of {len(det['trials'])})",
                       ms(worst) if worst != float("inf") else "never", worst <= lim))
+    if scl:
+        one, ten = scl["1s"], scl["10s"]
+        n = one["targets"]
+        c = 100 * one["sw"]["cpu"] / one["window"]
+        g.append((f"CPU <= 1% of one core ({n} targets, 1 s)", f"{c:.3f} %", c <= 1.0))
+        hwm = max(one["sw"]["hwm"], one["sw"]["hwm_end"], ten["sw"]["hwm"])
+        g.append((f"peak RSS <= 24 MiB ({n} targets, all phases)", f"{hwm / 1024:.1f} MiB",
+                  hwm <= 24 * 1024))
+        for key, lab in (("scrape", ""), ("frozen", f", {len(one['frozen']['names'])} frozen")):
+            for gz, glab in ((False, ""), (True, " gzip")):
+                p = one[key][("sw", gz)]["p99"]
+                q = one[key][("ne", gz)]["p99"]
+                g.append((f"scrape p99 <= 5 ms ({n} targets{lab}{glab})", ms(p), p <= 0.005))
+                g.append((f"scrape p99 < node_exporter's ({n} targets{lab}{glab})",
+                          f"{ratio(p, q):.3f}", p < q))
+    for acc in aaccs or []:
+        for fs, r in acc["fs"].items():
+            for p in (50, 99):
+                rm = r[("fio", "total", p)][3]
+                g.append((f"{fs}: append p{p} / fio etcd within 0.8-1.25 ({acc['label']}, median "
+                          "round ratio)", f"{rm:.3f}", 0.8 <= rm <= 1.25))
     return g
 
 
@@ -958,12 +1502,32 @@ def main():
     ap.add_argument("--window", type=float, default=120, help="overhead window, s (default 120)")
     ap.add_argument("--requests", type=int, default=500, help="scrape requests per row (default 500)")
     ap.add_argument("--freezes", type=int, default=3, help="fsfreeze trials (default 3)")
-    ap.add_argument("--only", default="1,2,3,4,5", help="sections to run, e.g. 1,4")
+    ap.add_argument("--only", default="1,2,3,4,5",
+                    help="sections to run, e.g. 1,4; 6 (64 targets) and 7 (append against fio) "
+                         "run only when named: --only 6,7")
+    ap.add_argument("--scale-targets", type=int, default=64,
+                    help="targets of section 6: the 8 loop filesystems and tmpfs mounts (default 64)")
+    ap.add_argument("--scale-window", type=float, default=90,
+                    help="section 6 overhead window per interval, s (default 90)")
+    ap.add_argument("--scale-frozen", type=int, default=4,
+                    help="loop targets frozen during section 6's frozen scrapes (default 4)")
+    ap.add_argument("--frozen-requests", type=int, default=200,
+                    help="scrape requests per row while frozen (default 200)")
+    ap.add_argument("--append-rounds", type=int, default=12, help="paced append rounds (default 12)")
+    ap.add_argument("--append-count", type=int, default=200, help="requests per paced append run")
+    ap.add_argument("--append-b2b-rounds", type=int, default=4, help="back-to-back append rounds")
+    ap.add_argument("--append-b2b-count", type=int, default=1000,
+                    help="requests per back-to-back append run (default 1000)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.count, args.window, args.requests, args.freezes = 2, 100, 20, 100, 1
         args.b2b_rounds, args.b2b_count = 1, 300
+        args.scale_window, args.frozen_requests = 20, 50
+        args.append_rounds, args.append_count, args.append_b2b_rounds = 2, 100, 1
+        args.append_b2b_count = 300
+    if not 8 + 1 <= args.scale_targets <= 1000 or not 1 <= args.scale_frozen <= 8:
+        ap.error("--scale-targets: 9 to 1000 (8 are loop filesystems); --scale-frozen: 1 to 8")
     only = set(args.only.split(","))
     if "2" in only or "3" in only:
         only |= {"2", "3"}  # one run measures both
@@ -997,7 +1561,7 @@ def main():
         except MeasureError as e:
             raise SetupError(f"cannot create loop filesystems: {e}") from e
         xfs0, ext0 = fss[0], fss[1]
-        accs = mix = over = scrape = det = ser = None
+        accs = mix = over = scrape = det = ser = scl = aaccs = amix = None
         if "1" in only:
             mix = fio_syscall_mix(xfs0, args.work)
             accs = [accuracy(args, [xfs0, ext0], True, args.rounds, args.count),
@@ -1008,8 +1572,16 @@ def main():
             ser = series_count(args, fss[:4])
         if "4" in only:
             det = detection(args, xfs0)
-        goals = goals_of(accs, over, scrape, det)
-        report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, goals)
+        if "6" in only:
+            scl = scale(args, fss)
+        if "7" in only:
+            amix = fio_append_syscalls(xfs0, args.work)
+            aaccs = [append_accuracy(args, [xfs0, ext0], True, args.append_rounds, args.append_count),
+                     append_accuracy(args, [xfs0, ext0], False, args.append_b2b_rounds,
+                                     args.append_b2b_count)]
+        goals = goals_of(accs, over, scrape, det, scl, aaccs)
+        report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, scl, aaccs,
+               amix, goals)
         print(f"\nwall time of the run: {time.monotonic() - started:.0f} s")
         return 1 if args.strict and not all(ok for _, _, ok in goals) else 0
     except SetupError as e:

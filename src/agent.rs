@@ -71,12 +71,12 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         roots: roots.clone(),
         interval: config.vm_interval,
     };
-    let ctx = Arc::new(Context {
-        metrics: Arc::new(ProbeMetrics::new(&registry)),
-        stalls: Arc::clone(&stalls),
-        history: Arc::clone(&history),
+    let ctx = Arc::new(Context::new(
+        Arc::new(ProbeMetrics::new(&registry)),
+        Arc::clone(&stalls),
+        Arc::clone(&history),
         roots,
-    });
+    ));
 
     // Bind before starting probes: a port in use is a start-up error, not a probe result.
     let rt = tokio::runtime::Builder::new_current_thread()

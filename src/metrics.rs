@@ -2,7 +2,12 @@
 //! (probe, stall log, sampler), plus the agent's own `stallwatch_build_info` and
 //! `process_*`. Families are encoded in name order, whoever registered them.
 
-use prometheus::{IntGaugeVec, Opts, Registry};
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prometheus::proto::{MetricFamily, MetricType};
+use prometheus::{IntGaugeVec, Opts, Registry, TextEncoder};
 
 /// A registry holding the families that belong to no module: the build and the process.
 pub fn registry() -> Registry {
@@ -19,9 +24,252 @@ pub fn registry() -> Registry {
     r
 }
 
+/// Size of the last exposition: the next one is encoded into a buffer of about that
+/// size, not grown from nothing (about 1 MB with 64 targets).
+static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+
 /// Encodes every family of `r` in the text format.
 pub fn encode(r: &Registry) -> String {
-    prometheus::TextEncoder::new()
-        .encode_to_string(&r.gather())
-        .unwrap_or_default()
+    let families = r.gather();
+    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    encode_text(&families, &mut out);
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
+    out
+}
+
+/// The text format exactly as `prometheus::TextEncoder` writes it (the golden test and
+/// `same_text_as_the_prometheus_encoder` hold it to that), written in one pass into
+/// one buffer: a metric's labels are written once and copied to each of its histogram
+/// lines, bucket bounds are formatted once per family, and integral values, which
+/// most samples are (counts, counters, flags), are written as integers. With 64
+/// targets the exposition is 10,000 lines, 8,000 of them histogram lines.
+pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String) {
+    let mut labels = String::new();
+    let mut bounds: Vec<(u64, String)> = Vec::new();
+    for mf in families {
+        let kind = mf.get_field_type();
+        if !matches!(
+            kind,
+            MetricType::COUNTER | MetricType::GAUGE | MetricType::HISTOGRAM
+        ) {
+            // No collector of the agent makes these: leave them to the crate's encoder.
+            let _ = TextEncoder::new().encode_utf8(std::slice::from_ref(mf), out);
+            continue;
+        }
+        let name = mf.name();
+        if !mf.help().is_empty() {
+            let _ = writeln!(out, "# HELP {name} {}", escape(mf.help(), false));
+        }
+        let _ = writeln!(out, "# TYPE {name} {}", format!("{kind:?}").to_lowercase());
+        bounds.clear();
+        for m in mf.get_metric() {
+            labels.clear();
+            for (i, lp) in m.get_label().iter().enumerate() {
+                let sep = if i == 0 { '{' } else { ',' };
+                let _ = write!(
+                    labels,
+                    "{sep}{}=\"{}\"",
+                    lp.name(),
+                    escape(lp.value(), true)
+                );
+            }
+            let ts = m.timestamp_ms();
+            match kind {
+                MetricType::COUNTER => {
+                    sample(out, name, "", &labels, None, m.get_counter().value(), ts)
+                }
+                MetricType::GAUGE => {
+                    sample(out, name, "", &labels, None, m.get_gauge().value(), ts)
+                }
+                MetricType::HISTOGRAM => {
+                    let h = m.get_histogram();
+                    let mut inf_seen = false;
+                    for (i, b) in h.get_bucket().iter().enumerate() {
+                        let ub = b.upper_bound();
+                        if bounds.get(i).is_none_or(|(bits, _)| *bits != ub.to_bits()) {
+                            bounds.truncate(i);
+                            bounds.push((ub.to_bits(), escape(&ub.to_string(), true).into_owned()));
+                        }
+                        let le = bounds[i].1.as_str();
+                        sample(
+                            out,
+                            name,
+                            "_bucket",
+                            &labels,
+                            Some(("le", le)),
+                            b.cumulative_count() as f64,
+                            ts,
+                        );
+                        inf_seen |= ub.is_sign_positive() && ub.is_infinite();
+                    }
+                    if !inf_seen {
+                        sample(
+                            out,
+                            name,
+                            "_bucket",
+                            &labels,
+                            Some(("le", "+Inf")),
+                            h.get_sample_count() as f64,
+                            ts,
+                        );
+                    }
+                    sample(out, name, "_sum", &labels, None, h.get_sample_sum(), ts);
+                    sample(
+                        out,
+                        name,
+                        "_count",
+                        &labels,
+                        None,
+                        h.get_sample_count() as f64,
+                        ts,
+                    );
+                }
+                _ => unreachable!("handled above"),
+            }
+        }
+    }
+}
+
+/// One line: name, suffix, the metric's labels (`{a="1",b="2"` without the brace that
+/// closes them) with `extra` appended, the value and the timestamp if any.
+fn sample(
+    out: &mut String,
+    name: &str,
+    suffix: &str,
+    labels: &str,
+    extra: Option<(&str, &str)>,
+    v: f64,
+    ts: i64,
+) {
+    out.push_str(name);
+    out.push_str(suffix);
+    if let Some((k, x)) = extra {
+        out.push_str(if labels.is_empty() { "{" } else { labels });
+        if !labels.is_empty() {
+            out.push(',');
+        }
+        for part in [k, "=\"", x, "\"}"] {
+            out.push_str(part);
+        }
+    } else if !labels.is_empty() {
+        out.push_str(labels);
+        out.push('}');
+    }
+    out.push(' ');
+    // Integral values as integers: the same digits as f64's Display (which never uses
+    // an exponent), without the float formatting. -0 keeps its sign through Display.
+    let i = v as i64;
+    if i as f64 == v && i.unsigned_abs() < 1 << 53 && !(i == 0 && v.is_sign_negative()) {
+        push_int(out, i);
+    } else {
+        let _ = write!(out, "{v}");
+    }
+    if ts != 0 {
+        out.push(' ');
+        push_int(out, ts);
+    }
+    out.push('\n');
+}
+
+/// Decimal digits of `i`, without the formatting machinery.
+fn push_int(out: &mut String, i: i64) {
+    let mut buf = [0u8; 20];
+    let mut n = i.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if i < 0 {
+        out.push('-');
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+}
+
+/// Escapes as the text format wants: backslash and newline, and in label values the
+/// double quote.
+fn escape(v: &str, quote: bool) -> Cow<'_, str> {
+    let special = |c: char| c == '\\' || c == '\n' || (quote && c == '"');
+    if !v.contains(special) {
+        return Cow::Borrowed(v);
+    }
+    let mut o = String::with_capacity(v.len() + 8);
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '"' if quote => o.push_str("\\\""),
+            c => o.push(c),
+        }
+    }
+    Cow::Owned(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{CounterVec, Gauge, HistogramOpts, HistogramVec};
+
+    /// Every kind of family and value the agent exposes, and the awkward ones: labels
+    /// and help that need escaping, -0, NaN, infinities, large and fractional values.
+    #[test]
+    fn same_text_as_the_prometheus_encoder() {
+        let r = registry();
+        let c = CounterVec::new(Opts::new("t_total", "a \\ back\nslash"), &["a", "b"]).unwrap();
+        c.with_label_values(&["x\"q\\\n", "2"]).inc_by(3.0);
+        c.with_label_values(&["y", ""]).inc_by(0.25);
+        c.with_label_values(&["z", "big"]).inc_by(1e15);
+        c.with_label_values(&["zz", "bigger"]).inc_by(3.5e17);
+        r.register(Box::new(c)).unwrap();
+        for (name, v) in [
+            ("g_neg_zero", -0.0),
+            ("g_nan", f64::NAN),
+            ("g_inf", f64::INFINITY),
+            ("g_minus_inf", f64::NEG_INFINITY),
+            ("g_neg", -12.0),
+            ("g_frac", 1e-7),
+            ("g_time", 1_764_625_000.123),
+            ("g_2_53", 9_007_199_254_740_992.0),
+            ("g_2_53_less_1", 9_007_199_254_740_991.0),
+            ("g_min_int", -9_007_199_254_740_991.0),
+            ("g_huge", 1e300),
+        ] {
+            let g = Gauge::new(name, "g").unwrap();
+            g.set(v);
+            r.register(Box::new(g)).unwrap();
+        }
+        let h = HistogramVec::new(
+            HistogramOpts::new("h_seconds", "h").buckets(crate::probe::BUCKETS.to_vec()),
+            &["target", "op"],
+        )
+        .unwrap();
+        for (t, v) in [("a", 0.000_03), ("a", 2.0), ("b", 400.0), ("c\"", 0.1)] {
+            h.with_label_values(&[t, "write"]).observe(v);
+        }
+        h.with_label_values(&["empty", "fsync"]);
+        r.register(Box::new(h)).unwrap();
+        let inf = HistogramVec::new(
+            HistogramOpts::new("h_inf", "explicit +Inf bucket").buckets(vec![1.0, f64::INFINITY]),
+            &["x"],
+        )
+        .unwrap();
+        inf.with_label_values(&["1"]).observe(5.0);
+        r.register(Box::new(inf)).unwrap();
+
+        let families = r.gather();
+        let want = TextEncoder::new().encode_to_string(&families).unwrap();
+        let mut got = String::new();
+        encode_text(&families, &mut got);
+        assert_eq!(got, want);
+        assert!(
+            want.contains("g_neg_zero -0\n") && want.contains("g_nan NaN\n"),
+            "{want}"
+        );
+        assert_eq!(encode(&r).len(), want.len(), "encode() writes the same");
+    }
 }

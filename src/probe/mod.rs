@@ -104,10 +104,9 @@ pub struct Lane {
     skipped_in_flight: [IntCounter; 2],
 }
 
-/// The mount check of a target, shared by its lanes: one mount table, one expected
-/// filesystem. Only procfs is read under its lock, never the probed filesystem.
+/// The mount check of a target, shared by its lanes: one expected filesystem, checked
+/// in the agent's one mount table (`Context::mounts`).
 struct MountCheck {
-    table: mounts::MountTable,
     /// The resolved target path and the mount table generation it was resolved in.
     canon: Option<(u64, PathBuf)>,
     /// The filesystem first seen at a mount-point target; another one later is refused.
@@ -162,7 +161,6 @@ impl TargetShared {
         target: Target,
         first_lane: usize,
         metrics: &ProbeMetrics,
-        roots: &Roots,
     ) -> TargetShared {
         let ops: Vec<(Mode, Op)> = target
             .modes
@@ -209,7 +207,6 @@ impl TargetShared {
                 cycles: 0,
             }),
             mount: Mutex::new(MountCheck {
-                table: mounts::MountTable::new(&roots.proc_root),
                 canon: None,
                 expected: None,
             }),
@@ -258,15 +255,20 @@ impl TargetShared {
 
     /// Decides whether the target may be probed now. Returns the mount it is on, and
     /// the mount id the probe directory must be on (None when not required).
-    fn check_mount(&self) -> Result<(Option<Mount>, Option<u64>), SkipReason> {
+    fn check_mount(
+        &self,
+        table: &Mutex<mounts::MountTable>,
+    ) -> Result<(Option<Mount>, Option<u64>), SkipReason> {
         let require = self.target.require_mountpoint;
-        let (refreshed, generation, cached) = {
-            let mut mc = lock(&self.mount);
-            let refreshed = mc.table.current().map(|_| ()).map_err(|e| e.to_string());
-            let generation = mc.table.generation();
-            let cached = mc.canon.clone().filter(|(g, _)| *g == generation);
-            (refreshed, generation, cached)
+        let (refreshed, generation) = {
+            let mut t = lock(table);
+            let refreshed = t.current().map(|_| ()).map_err(|e| e.to_string());
+            (refreshed, t.generation())
         };
+        let cached = lock(&self.mount)
+            .canon
+            .clone()
+            .filter(|(g, _)| *g == generation);
         // Resolved outside the lock: a stat on a hung filesystem must not hold up the
         // other lanes' checks. Kept until the mount table changes; a path that does not
         // resolve is tried again each cycle.
@@ -280,8 +282,8 @@ impl TargetShared {
         }
         // Only the one mount we need is copied out of the cached table.
         let found = match (&canon, refreshed) {
-            (Ok(c), Ok(())) if require => Ok(mounts::mount_at(mc.table.cached(), c).cloned()),
-            (Ok(c), Ok(())) => Ok(mounts::mount_of(mc.table.cached(), c).cloned()),
+            (Ok(c), Ok(())) if require => Ok(mounts::mount_at(lock(table).cached(), c).cloned()),
+            (Ok(c), Ok(())) => Ok(mounts::mount_of(lock(table).cached(), c).cloned()),
             (Err(_), _) => Ok(None),
             (_, Err(e)) => Err(e),
         };
@@ -439,6 +441,27 @@ pub struct Context {
     pub history: Arc<History>,
     /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
     pub roots: Roots,
+    /// The one mount table of all targets: read anew once per change of the mounts,
+    /// not once per target (hosts whose containers mount and unmount all the time).
+    /// Only procfs is read under its lock, never a probed filesystem.
+    mounts: Mutex<mounts::MountTable>,
+}
+
+impl Context {
+    pub fn new(
+        metrics: Arc<ProbeMetrics>,
+        stalls: Arc<StallLog>,
+        history: Arc<History>,
+        roots: Roots,
+    ) -> Context {
+        Context {
+            metrics,
+            stalls,
+            history,
+            mounts: Mutex::new(mounts::MountTable::new(&roots.proc_root)),
+            roots,
+        }
+    }
 }
 
 /// Reports each timed call to the in-flight slot, the histogram and the stall log.
@@ -553,7 +576,7 @@ impl Worker {
         let lane = &target.lanes[self.lane];
         let (name, mode) = (target.target.name.as_str(), lane.mode);
         let m = Arc::clone(&self.ctx.metrics);
-        let (mount, want_id) = match target.check_mount() {
+        let (mount, want_id) = match target.check_mount(&self.ctx.mounts) {
             Ok(x) => x,
             Err(reason) => {
                 m.skipped(name, reason).inc();
@@ -658,7 +681,7 @@ impl Worker {
     /// Removes the lane's files at shutdown, when the target is still the mount it was;
     /// the last lane to stop removes the directory.
     fn cleanup(&mut self) {
-        let Ok((_, want)) = self.target.check_mount() else {
+        let Ok((_, want)) = self.target.check_mount(&self.ctx.mounts) else {
             return;
         };
         let t = &self.target.target;
@@ -718,14 +741,13 @@ mod tests {
     fn workers(t: Target) -> (Vec<Worker>, Arc<TargetShared>, Arc<Context>) {
         let registry = Registry::new();
         let metrics = Arc::new(ProbeMetrics::new(&registry));
-        let roots = Roots::default();
-        let shared = Arc::new(TargetShared::new(0, t, 0, &metrics, &roots));
-        let ctx = Arc::new(Context {
+        let shared = Arc::new(TargetShared::new(0, t, 0, &metrics));
+        let ctx = Arc::new(Context::new(
             metrics,
-            stalls: Arc::new(StallLog::new(4, &registry)),
-            history: Arc::default(),
-            roots,
-        });
+            Arc::new(StallLog::new(4, &registry)),
+            Arc::default(),
+            Roots::default(),
+        ));
         let w = (0..shared.lanes.len())
             .map(|i| Worker::new(Arc::clone(&shared), i, Arc::clone(&ctx)))
             .collect();
