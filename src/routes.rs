@@ -552,7 +552,6 @@ async fn api_history(State(app): State<Arc<App>>, Query(q): Query<HistoryQuery>)
 mod tests {
     use super::*;
     use crate::config::{Mode, SyncKind, Target};
-    use crate::kernfs::Roots;
     use crate::op::Op;
     use crate::probe::{ProbeMetrics, TargetShared};
     use crate::stalls::{FinishedCall, LaneKey};
@@ -593,7 +592,7 @@ mod tests {
                 stall_threshold: Duration::from_secs(1),
                 rotate_size: 64 << 20,
             };
-            let ts = TargetShared::new(i, t, i * 2, &metrics, &Roots::default());
+            let ts = TargetShared::new(i, t, i * 2, &metrics);
             history.add_target(i, &ts.target.name, &ts.ops, ts.target.interval);
             shared.push(Arc::new(ts));
         }
