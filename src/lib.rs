@@ -7,14 +7,19 @@
 
 pub mod agent;
 pub mod blockdev;
+pub mod cgroups;
 pub mod config;
+pub mod devstat;
+pub mod evidence;
 pub mod inflight;
+pub mod jbd2;
 pub mod kernfs;
 pub mod metrics;
 pub mod mounts;
 pub mod op;
 pub mod probe;
 pub mod probe_cli;
+pub mod procio;
 pub mod reload;
 pub mod routes;
 pub mod sampler;
