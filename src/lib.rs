@@ -11,6 +11,7 @@ pub mod cgroups;
 pub mod config;
 pub mod devstat;
 pub mod evidence;
+pub mod evidence_worker;
 pub mod inflight;
 pub mod jbd2;
 pub mod kernfs;
