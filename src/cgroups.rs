@@ -111,6 +111,11 @@ impl Hierarchies {
         }
     }
 
+    /// The root of the hierarchy the dirty figures come from.
+    pub fn memory_root(&self) -> Option<&Path> {
+        self.v2_memory.as_deref().or(self.v1_memory.as_deref())
+    }
+
     /// True when no hierarchy can give any figure.
     pub fn is_empty(&self) -> bool {
         self == &Hierarchies::default()
@@ -293,6 +298,15 @@ fn walk(
         e.writeback = e.writeback.max(n.stat.writeback);
         e.written = e.written.max(n.stat.written);
     }
+}
+
+/// The processes of `cgroup` (a path as [`read`] names it) in the hierarchy at `root`,
+/// from its `cgroup.procs`; none when it is gone.
+pub fn procs(root: &Path, cgroup: &str) -> Vec<u32> {
+    let dir = root.join(cgroup.trim_start_matches('/'));
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// Picks `KEYS` out of a `KEY VALUE` per line file; every line must be one such pair

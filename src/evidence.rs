@@ -9,7 +9,7 @@
 //! stall is seen, and ends with the first reading after the call returned.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -66,6 +66,8 @@ pub struct DeviceSample {
 pub struct Reading {
     pub at: Instant,
     pub cgroup_version: Option<u8>,
+    /// Where the memory hierarchy is, for the named cgroups' processes.
+    pub memory_root: Option<PathBuf>,
     pub cgroups: CgroupReading,
     pub procs: ProcReading,
     pub devices: HashMap<String, DeviceSample>,
@@ -124,6 +126,7 @@ pub fn read(roots: &Roots, hierarchies: &Hierarchies, scopes: &[&Scope]) -> Read
     Reading {
         at: Instant::now(),
         cgroup_version: hierarchies.memory_version(),
+        memory_root: hierarchies.memory_root().map(Path::to_owned),
         cgroups: cgroups::read(hierarchies, &nums, cgroups::MAX_CGROUPS),
         procs: procio::read(&roots.proc_root, procio::MAX_PROCESSES),
         devices,
@@ -147,12 +150,14 @@ pub struct Dirtier {
 pub struct Writer {
     pub pid: u32,
     pub comm: String,
+    /// The named cgroup it is in; null where no memory hierarchy is mounted.
+    pub cgroup: Option<String>,
     pub written_bytes: u64,
 }
 
 /// A backing device's figures over the window: rates per interval of about a second
 /// (peak and minimum), averages over the whole window. Rates are None until two
-/// readings are apart.
+/// readings half a second apart.
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct DeviceFigures {
     pub device: String,
@@ -194,6 +199,8 @@ pub struct JournalFigures {
 pub struct Evidence {
     /// Readings folded in: 0 when the call returned before the watchdog saw it.
     pub reads: u32,
+    /// True once the reading after the call returned is in: the figures are final.
+    pub complete: bool,
     /// 2 or 1: the cgroup version the dirty figures come from; null without a memory
     /// controller.
     pub cgroup_version: Option<u8>,
@@ -201,9 +208,14 @@ pub struct Evidence {
     pub cgroups_walked: usize,
     /// Readings that stopped at the cap of cgroups walked (`cgroups::MAX_CGROUPS`).
     pub cgroup_reads_capped: u32,
-    /// Top cgroups by dirty + writeback at their peak, then by bytes written.
+    /// Top cgroups: those that wrote to the target's disk during the window (the root
+    /// excepted) first, then by peak memory under writeback, then by dirty + writeback
+    /// at their peak, then by bytes written. Dirty and writeback are the figures at the
+    /// peak of their sum.
     pub dirtiers: Vec<Dirtier>,
-    /// Top processes by bytes written during the window (`/proc/PID/io`).
+    /// Processes of the named cgroups that wrote during the window (`/proc/PID/io`):
+    /// the first dirtier's first, each cgroup's by bytes written; all processes by bytes
+    /// written where no memory hierarchy is mounted.
     pub writers: Vec<Writer>,
     /// Processes whose `io` the agent could not read in the last reading (all but its
     /// own user's unless root).
@@ -216,7 +228,10 @@ pub struct Evidence {
 struct Tally {
     /// Written bytes when first seen.
     base: u64,
+    /// The highest dirty + writeback seen, and the two at that moment.
     peak: u64,
+    /// The most memory seen under writeback.
+    peak_writeback: u64,
     dirty: u64,
     writeback: u64,
     written: u64,
@@ -270,6 +285,7 @@ pub struct Window {
     scope: Scope,
     reads: u32,
     cgroup_version: Option<u8>,
+    memory_root: Option<PathBuf>,
     cgroups_walked: usize,
     capped: u32,
     cgroups: HashMap<String, Tally>,
@@ -302,6 +318,7 @@ impl Window {
     pub fn fold(&mut self, r: &Reading) {
         self.reads += 1;
         self.cgroup_version = r.cgroup_version;
+        self.memory_root.clone_from(&r.memory_root);
         self.cgroups_walked = self.cgroups_walked.max(r.cgroups.walked);
         self.capped += r.cgroups.capped as u32;
         for (path, s) in &r.cgroups.cgroups {
@@ -310,6 +327,7 @@ impl Window {
                 ..Tally::default()
             });
             let sum = s.dirty.saturating_add(s.writeback);
+            t.peak_writeback = t.peak_writeback.max(s.writeback);
             if sum > t.peak {
                 t.peak = sum;
                 t.dirty = s.dirty;
@@ -369,8 +387,24 @@ impl Window {
             .iter()
             .filter(|(_, t)| t.peak > 0 || t.written > 0)
             .collect();
-        ranked.sort_by(|a, b| (b.1.peak, b.1.written, a.0).cmp(&(a.1.peak, a.1.written, b.0)));
-        let dirtiers = ranked
+        // Dirty memory is counted per cgroup over all devices: ranked by it alone, a
+        // build with 300 MB of output waiting on another disk would outrank the writer
+        // filling this one. So first the cgroups that wrote to the target's disk during
+        // the window (on v2 cgroup writeback charges the flusher's writes to the
+        // dirtier; the root's own writes are the kernel's: flusher on v1, journal), then
+        // by memory under writeback (I/O in flight from the cgroup's page cache: on a
+        // stalled disk it stays for seconds, elsewhere it clears in milliseconds), then
+        // by dirty + writeback.
+        let key = |(c, t): &(&String, &Tally)| {
+            (
+                t.written > 0 && c.as_str() != "/",
+                t.peak_writeback,
+                t.peak,
+                t.written,
+            )
+        };
+        ranked.sort_by(|a, b| key(b).cmp(&key(a)).then(a.0.cmp(b.0)));
+        let dirtiers: Vec<Dirtier> = ranked
             .into_iter()
             .take(TOP)
             .map(|(c, t)| Dirtier {
@@ -380,26 +414,46 @@ impl Window {
                 written_bytes: t.written,
             })
             .collect();
+        // The processes of the named cgroups: /proc/PID/io counts bytes written over all
+        // devices, so the host's busiest writer may have nothing to do with this disk.
+        // pid → (rank of its cgroup among the dirtiers, the cgroup).
+        let named: Option<HashMap<u32, (usize, &str)>> = self.memory_root.as_ref().map(|root| {
+            dirtiers
+                .iter()
+                .enumerate()
+                .flat_map(|(rank, d): (usize, &Dirtier)| {
+                    cgroups::procs(root, &d.cgroup)
+                        .into_iter()
+                        .map(move |pid| (pid, (rank, d.cgroup.as_str())))
+                })
+                .collect()
+        });
+        let of = |pid: &u32| named.as_ref().and_then(|n| n.get(pid)).copied();
         let mut writers: Vec<(u32, u64)> = self
             .proc_last
             .iter()
+            .filter(|(pid, _)| named.is_none() || of(pid).is_some())
             .filter_map(|(pid, &w)| {
                 let d = w.saturating_sub(*self.proc_base.get(pid)?);
                 (d > 0).then_some((*pid, d))
             })
             .collect();
-        writers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        // The first dirtier's processes first, each cgroup's by bytes written.
+        let rank = |pid: &u32| of(pid).map_or(0, |(r, _)| r);
+        writers.sort_by(|a, b| (rank(&a.0), b.1, a.0).cmp(&(rank(&b.0), a.1, b.0)));
         let writers = writers
             .into_iter()
             .take(TOP)
             .map(|(pid, written_bytes)| Writer {
                 pid,
                 comm: procio::comm(proc_root, pid),
+                cgroup: of(&pid).map(|(_, c)| c.to_owned()),
                 written_bytes,
             })
             .collect();
         Evidence {
             reads: self.reads,
+            complete: false,
             cgroup_version: self.cgroup_version,
             cgroups_walked: self.cgroups_walked,
             cgroup_reads_capped: self.capped,
@@ -455,11 +509,12 @@ fn figures(name: &str, role: &'static str, w: &DeviceWindow) -> Option<DeviceFig
         nr_requests: w.nr_requests,
         ..DeviceFigures::default()
     };
-    if dt > 0.0 {
+    // A window shorter than one interval gives no rate: a 100 ms slice says nothing
+    // about a device's second. One interval long, its one rate is peak and minimum.
+    if dt >= MIN_INTERVAL_SECONDS {
         let (bps, iops, util) = rates(&a, &b, dt);
         f.write_bytes_per_second_avg = Some(bps);
         f.utilisation_avg = Some(util);
-        // A window shorter than one interval: its one rate is peak and minimum.
         let one = |m: &MinMax, v: f64| {
             if m.0.is_some() {
                 *m
@@ -496,8 +551,12 @@ pub fn phrases(e: &Evidence) -> (Vec<String>, Option<bool>) {
         }
     }
     if let Some(w) = e.writers.first() {
+        let whose = w
+            .cgroup
+            .as_ref()
+            .map_or(String::new(), |c| format!(" in {c}"));
         out.push(format!(
-            "top writing process {} (pid {}) {} written",
+            "top writing process {} (pid {}{whose}) {} written",
             w.comm,
             w.pid,
             decimal_bytes(w.written_bytes as f64)
@@ -545,10 +604,11 @@ pub fn phrases(e: &Evidence) -> (Vec<String>, Option<bool>) {
     }
     if let Some(j) = &e.journal {
         if let Some(c) = j.end.commit_seconds_avg {
+            let n = j.transactions;
             out.push(format!(
-                "ext4 journal {}: {} commits, average commit {}",
+                "ext4 journal {}: {n} commit{} in the window, average commit {}",
                 j.journal,
-                j.transactions,
+                if n == 1 { "" } else { "s" },
                 duration(c)
             ));
         }
@@ -648,6 +708,7 @@ mod tests {
         Reading {
             at,
             cgroup_version: Some(1),
+            memory_root: None,
             cgroups,
             procs: ProcReading {
                 written: procs.iter().copied().collect(),
@@ -687,6 +748,7 @@ mod tests {
                 ("/", 0, 0, 100),
                 ("/writer", 10 << 20, 0, 0),
                 ("/idle", 0, 0, 0),
+                ("/elsewhere", 100 << 20, 0, 0),
             ],
             &[(7, 1000)],
             stat(0, 0, 0, 0),
@@ -695,30 +757,32 @@ mod tests {
             s(1.0),
             &[
                 ("/", 0, 0, 2_000_100),
-                ("/writer", 30 << 20, 2 << 20, 0),
+                ("/writer", 30 << 20, 2 << 20, 512 << 10),
                 ("/idle", 0, 0, 0),
                 ("/late", 4096, 0, 0),
+                ("/elsewhere", 100 << 20, 0, 0),
+                ("/flushing", 0, 1 << 20, 0),
             ],
             &[(7, 5_001_000), (8, 9)],
             stat(100, 3906, 10_000, 1000),
         ));
         w.fold(&reading(
             s(1.2),
-            &[("/writer", 20 << 20, 0, 0)],
+            &[("/writer", 20 << 20, 0, 512 << 10)],
             &[(7, 6_001_000)],
             stat(110, 4000, 11_000, 1100),
         ));
         w.fold(&reading(
             s(2.0),
-            &[("/writer", 25 << 20, 0, 0)],
+            &[("/writer", 25 << 20, 0, 1 << 20)],
             &[(7, 7_001_000)],
             stat(150, 5859, 15_000, 1500),
         ));
         let e = w.evidence(Path::new("/nonexistent"));
         assert_eq!(e.reads, 4);
         assert_eq!(e.cgroup_version, Some(1));
-        assert_eq!(e.cgroup_reads_capped, 1);
-        assert_eq!(e.cgroups_walked, 4);
+        assert_eq!(e.cgroup_reads_capped, 2);
+        assert_eq!(e.cgroups_walked, 6);
         assert_eq!(
             e.dirtiers,
             vec![
@@ -726,6 +790,18 @@ mod tests {
                     cgroup: "/writer".into(),
                     dirty_bytes: 30 << 20,
                     writeback_bytes: 2 << 20,
+                    written_bytes: 1 << 20
+                },
+                Dirtier {
+                    cgroup: "/flushing".into(),
+                    dirty_bytes: 0,
+                    writeback_bytes: 1 << 20,
+                    written_bytes: 0
+                },
+                Dirtier {
+                    cgroup: "/elsewhere".into(),
+                    dirty_bytes: 100 << 20,
+                    writeback_bytes: 0,
                     written_bytes: 0
                 },
                 Dirtier {
@@ -741,13 +817,14 @@ mod tests {
                     written_bytes: 2_000_000
                 },
             ],
-            "the idle cgroup is not named"
+            "the one that wrote to the disk, then by writeback; the idle cgroup not named"
         );
         assert_eq!(
             e.writers,
             vec![Writer {
                 pid: 7,
                 comm: "?".into(),
+                cgroup: None,
                 written_bytes: 7_000_000
             }],
             "pid 8 appeared with 9 bytes and wrote nothing since"
@@ -793,6 +870,46 @@ mod tests {
     }
 
     #[test]
+    fn writers_are_the_named_cgroups_processes() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("writer")).unwrap();
+        std::fs::write(root.path().join("writer/cgroup.procs"), "7\n").unwrap();
+        std::fs::create_dir(root.path().join("second")).unwrap();
+        std::fs::write(root.path().join("second/cgroup.procs"), "11\n").unwrap();
+        let t0 = Instant::now();
+        let mut w = Window::new(scope());
+        let mut r = reading(
+            t0,
+            &[
+                ("/writer", 1 << 20, 0, 0),
+                ("/second", 4096, 0, 0),
+                ("/build", 0, 0, 0),
+            ],
+            &[(7, 0), (9, 0), (11, 0)],
+            stat(0, 0, 0, 0),
+        );
+        r.memory_root = Some(root.path().to_owned());
+        w.fold(&r);
+        r.procs.written = HashMap::from([(7, 4096), (9, 500 << 20), (11, 90 << 20)]);
+        w.fold(&r);
+        let e = w.evidence(Path::new("/nonexistent"));
+        let pids: Vec<(u32, Option<&str>)> = e
+            .writers
+            .iter()
+            .map(|w| (w.pid, w.cgroup.as_deref()))
+            .collect();
+        assert_eq!(
+            pids,
+            [(7, Some("/writer")), (11, Some("/second"))],
+            "the first dirtier's process first; pid 9 wrote most, outside the named cgroups"
+        );
+        assert_eq!(
+            phrases(&e).0[1],
+            "top writing process ? (pid 7 in /writer) 4.1 kB written"
+        );
+    }
+
+    #[test]
     fn an_idle_device_and_a_short_window() {
         let t0 = Instant::now();
         let mut w = Window::new(scope());
@@ -804,8 +921,13 @@ mod tests {
             "one reading: no rate"
         );
         assert_eq!(phrases(&e), (vec![], None));
-        // 0.3 s later, nothing moved: shorter than an interval, still a rate.
+        // 0.3 s later: shorter than an interval, no rate yet.
         w.fold(&reading(t0 + Duration::from_millis(300), &[], &[], s));
+        let e = w.evidence(Path::new("/nonexistent"));
+        assert_eq!(e.block_devices[0].utilisation_avg, None);
+        assert_eq!(phrases(&e), (vec![], None));
+        // 0.6 s, nothing moved: one interval, its rate is peak and minimum.
+        w.fold(&reading(t0 + Duration::from_millis(600), &[], &[], s));
         let e = w.evidence(Path::new("/nonexistent"));
         let d = &e.block_devices[0];
         assert_eq!(
@@ -839,9 +961,9 @@ mod tests {
         let j = e.journal.as_ref().unwrap();
         assert_eq!((j.journal.as_str(), j.transactions), ("loop3-8", 3));
         assert_eq!(j.start.commit_seconds_avg, Some(0.0016));
-        assert!(phrases(&e)
-            .0
-            .contains(&"ext4 journal loop3-8: 3 commits, average commit 2.5 s".to_owned()));
+        assert!(phrases(&e).0.contains(
+            &"ext4 journal loop3-8: 3 commits in the window, average commit 2.5 s".to_owned()
+        ));
     }
 
     #[test]

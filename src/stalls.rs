@@ -343,6 +343,7 @@ impl StallLog {
             return;
         };
         ev.evidence = evidence;
+        ev.evidence.complete = last;
         if last {
             let (phrases, idle) = evidence::phrases(&ev.evidence);
             info!(target = %ev.target, mode = ev.mode, op = ev.op,
@@ -846,6 +847,7 @@ mod tests {
         log.set_evidence(ongoing[0].0, e, true);
         let json = serde_json::to_value(&log.events()[0]).unwrap();
         assert_eq!(json["evidence"]["reads"], 2);
+        assert_eq!(json["evidence"]["complete"], true);
         log.close_evidence();
         assert_eq!(log.wait_evidence(0, None), None);
     }
