@@ -11,9 +11,12 @@
 //! recursively, so a cgroup's own share is its figure less its children's.
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::fs;
-use std::io::Read as _;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::kernfs::{self, ParseError};
 
@@ -138,7 +141,8 @@ pub struct CgroupStat {
 pub struct CgroupReading {
     /// Path relative to the hierarchy root (`/` for the root, `/system.slice/x.service`).
     pub cgroups: HashMap<String, CgroupStat>,
-    /// Directories visited over all hierarchies.
+    /// Directories visited, over all hierarchies walked (one on v2; memory and blkio on
+    /// v1, each walked once).
     pub walked: usize,
     /// Whether a hierarchy had more cgroups than [`MAX_CGROUPS`].
     pub capped: bool,
@@ -146,57 +150,70 @@ pub struct CgroupReading {
     pub errors: usize,
 }
 
-/// Reads every cgroup's dirty, writeback and written bytes on `devices`.
+/// What one cgroup file gives: parses its text into the figures it sets.
+type Parse<'a> = &'a dyn Fn(&mut CgroupStat, &str) -> Result<(), ParseError>;
+
+/// Reads every cgroup's dirty, writeback and written bytes on `devices`. On v2 both
+/// files are read in one walk of the one hierarchy.
 pub fn read(h: &Hierarchies, devices: &[DevNum], cap: usize) -> CgroupReading {
     let mut out = CgroupReading::default();
-    let mut buf = String::new();
+    let mem_v2: Parse = &|s, t| {
+        (s.dirty, s.writeback) = parse_memory_stat_v2(t)?;
+        Ok(())
+    };
+    let mem_v1: Parse = &|s, t| {
+        (s.dirty, s.writeback) = parse_memory_stat_v1(t)?;
+        Ok(())
+    };
+    let io_v2: Parse = &|s, t| {
+        s.written = sum_on(&parse_io_stat(t)?, devices);
+        Ok(())
+    };
+    let io_v1: Parse = &|s, t| {
+        s.written = sum_on(&parse_blkio_service_bytes(t)?, devices);
+        Ok(())
+    };
+    // (hierarchy, recursive, files): v2 counts descendants in, v1 does not.
+    let mut walks: Walks = Vec::new();
     if let Some(root) = &h.v2_memory {
-        walk(
-            root,
-            "memory.stat",
-            cap,
-            &mut out,
-            &mut buf,
-            true,
-            |s, t| {
-                let (dirty, writeback) = parse_memory_stat_v2(t)?;
-                s.dirty = dirty;
-                s.writeback = writeback;
-                Ok(())
-            },
-        );
+        add(&mut walks, root, true, "memory.stat", mem_v2);
     } else if let Some(root) = &h.v1_memory {
-        walk(
-            root,
-            "memory.stat",
-            cap,
-            &mut out,
-            &mut buf,
-            false,
-            |s, t| {
-                let (dirty, writeback) = parse_memory_stat_v1(t)?;
-                s.dirty = dirty;
-                s.writeback = writeback;
-                Ok(())
-            },
-        );
+        add(&mut walks, root, false, "memory.stat", mem_v1);
     }
-    if devices.is_empty() {
-        return out;
+    if !devices.is_empty() {
+        if let Some(root) = &h.v2_io {
+            add(&mut walks, root, true, "io.stat", io_v2);
+        } else if let Some(root) = &h.v1_blkio {
+            add(
+                &mut walks,
+                root,
+                false,
+                "blkio.throttle.io_service_bytes",
+                io_v1,
+            );
+        }
     }
-    if let Some(root) = &h.v2_io {
-        walk(root, "io.stat", cap, &mut out, &mut buf, true, |s, t| {
-            s.written = sum_on(&parse_io_stat(t)?, devices);
-            Ok(())
-        });
-    } else if let Some(root) = &h.v1_blkio {
-        let file = "blkio.throttle.io_service_bytes";
-        walk(root, file, cap, &mut out, &mut buf, false, |s, t| {
-            s.written = sum_on(&parse_blkio_service_bytes(t)?, devices);
-            Ok(())
-        });
+    let mut buf = Vec::new();
+    for (root, recursive, files) in walks {
+        walk(root, &files, recursive, cap, &mut out, &mut buf);
     }
     out
+}
+
+type Walks<'a> = Vec<(&'a Path, bool, Vec<(&'static str, Parse<'a>)>)>;
+
+/// Adds `file` to the walk of `root`, one walk per hierarchy.
+fn add<'a>(
+    walks: &mut Walks<'a>,
+    root: &'a Path,
+    recursive: bool,
+    file: &'static str,
+    parse: Parse<'a>,
+) {
+    match walks.iter_mut().find(|w| w.0 == root) {
+        Some(w) => w.2.push((file, parse)),
+        None => walks.push((root, recursive, vec![(file, parse)])),
+    }
 }
 
 fn sum_on(per_device: &[(DevNum, u64)], devices: &[DevNum]) -> u64 {
@@ -207,78 +224,140 @@ fn sum_on(per_device: &[(DevNum, u64)], devices: &[DevNum]) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
-/// The figures one hierarchy's file gives, before v2's own shares are worked out.
+/// One cgroup's figures as read, before v2's own shares are worked out.
 struct Node {
     path: String,
     parent: Option<usize>,
     stat: CgroupStat,
 }
 
-/// Walks one hierarchy depth first, reading `file` in each cgroup with `parse` and
-/// merging the figures it sets into `out`. `recursive`: the kernel's figures include the
-/// descendants (v2), so the children's are subtracted.
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    root: &Path,
-    file: &str,
+/// A walk of one hierarchy. Every open is relative to the directory's descriptor (no
+/// path lookup from the root per file) and a file is read with as few calls as it takes:
+/// a stall on a host with thousands of cgroups must not cost a second of CPU.
+struct Walker<'a, 'b> {
+    files: &'a [(&'static str, Parse<'b>)],
     cap: usize,
-    out: &mut CgroupReading,
-    buf: &mut String,
-    recursive: bool,
-    parse: impl Fn(&mut CgroupStat, &str) -> Result<(), ParseError>,
-) {
-    let mut nodes: Vec<Node> = Vec::new();
-    let mut stack: Vec<(PathBuf, String, Option<usize>)> =
-        vec![(root.to_owned(), "/".into(), None)];
-    while let Some((dir, path, parent)) = stack.pop() {
-        if nodes.len() == cap {
-            out.capped = true;
-            break;
+    nodes: Vec<Node>,
+    buf: Vec<u8>,
+    out: &'a mut CgroupReading,
+}
+
+impl Walker<'_, '_> {
+    fn visit(&mut self, dir: OwnedFd, path: String, parent: Option<usize>) {
+        if self.nodes.len() == self.cap {
+            self.out.capped = true;
+            return;
         }
-        out.walked += 1;
+        self.out.walked += 1;
         let mut stat = CgroupStat::default();
-        buf.clear();
-        let read = fs::File::open(dir.join(file)).and_then(|mut f| f.read_to_string(buf));
-        let present = match read {
-            Ok(_) => match parse(&mut stat, buf) {
-                Ok(()) => true,
-                Err(_) => {
-                    out.errors += 1;
-                    false
+        for (file, parse) in self.files {
+            // Missing: removed meanwhile, or a controller not enabled for this subtree.
+            if let Some(text) = read_at(&dir, file, &mut self.buf) {
+                if parse(&mut stat, text).is_err() {
+                    self.out.errors += 1;
                 }
-            },
-            // Removed meanwhile, or a controller not enabled for this subtree.
-            Err(_) => false,
-        };
-        let index = nodes.len();
-        nodes.push(Node {
+            }
+        }
+        let index = self.nodes.len();
+        let children = subdirectories(&dir);
+        self.nodes.push(Node {
             path: path.clone(),
             parent,
             stat,
         });
-        if !present {
-            // No figures here: the parent must not lose its children's share to it.
-            nodes[index].parent = None;
-        }
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            // Cgroups are directories; the interface files are not. file_type() comes from
-            // the directory entry, without a stat per file.
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
+        for name in children {
+            if self.out.capped {
+                return;
             }
-            let name = e.file_name();
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let Ok(child) = rustix::fs::openat(&dir, name.as_c_str(), flags, Mode::empty()) else {
+                continue;
+            };
             let name = name.to_string_lossy();
-            let child = if path == "/" {
+            let child_path = if path == "/" {
                 format!("/{name}")
             } else {
                 format!("{path}/{name}")
             };
-            stack.push((e.path(), child, present.then_some(index)));
+            self.visit(child, child_path, Some(index));
         }
     }
+}
+
+/// The names of the directories in `dir` (cgroups; the interface files are not), by
+/// the entries' own types, without a stat per entry.
+fn subdirectories(dir: &OwnedFd) -> Vec<CString> {
+    let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(dir, 0) else {
+        return Vec::new();
+    };
+    let Ok(entries) = rustix::fs::Dir::new(dup) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_bytes();
+            // Unknown: a filesystem without d_type; opening it as a directory decides.
+            matches!(e.file_type(), FileType::Directory | FileType::Unknown)
+                && n != b"."
+                && n != b".."
+        })
+        .map(|e| e.file_name().to_owned())
+        .collect()
+}
+
+/// Reads `name` in `dir` whole into `buf`; None when it cannot be opened or read or is
+/// not UTF-8. A short read is the end: kernfs and seq_file give a file's text in one
+/// read when the buffer holds it.
+fn read_at<'a>(dir: &OwnedFd, name: &str, buf: &'a mut Vec<u8>) -> Option<&'a str> {
+    let fd = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    if buf.len() < 16 << 10 {
+        buf.resize(16 << 10, 0);
+    }
+    let mut len = 0;
+    loop {
+        let n = rustix::io::read(&fd, &mut buf[len..]).ok()?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        // Full: there may be more. Files of a cgroup are small; bound the growth anyway.
+        if buf.len() >= 1 << 20 {
+            return None;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    std::str::from_utf8(&buf[..len]).ok()
+}
+
+/// Walks one hierarchy depth first, reading `files` in each cgroup and merging the
+/// figures they set into `out`. `recursive`: the kernel's figures include the
+/// descendants (v2), so each parent loses its children's. A file missing in a cgroup
+/// gives zeros.
+fn walk(
+    root: &Path,
+    files: &[(&'static str, Parse<'_>)],
+    recursive: bool,
+    cap: usize,
+    out: &mut CgroupReading,
+    buf: &mut Vec<u8>,
+) {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let Ok(dir) = rustix::fs::open(root, flags, Mode::empty()) else {
+        return;
+    };
+    let mut w = Walker {
+        files,
+        cap,
+        nodes: Vec::new(),
+        buf: std::mem::take(buf),
+        out,
+    };
+    w.visit(dir, "/".into(), None);
+    let Walker {
+        mut nodes, buf: b, ..
+    } = w;
+    *buf = b;
     if recursive {
         // Each parent loses its children's recursive figures, as read (not their own
         // shares, which are worked out in the same pass).
@@ -310,24 +389,38 @@ pub fn procs(root: &Path, cgroup: &str) -> Vec<u32> {
 }
 
 /// Picks `KEYS` out of a `KEY VALUE` per line file; every line must be one such pair
-/// with an integer value, and every key must be there.
+/// with an unsigned decimal value, and every key must be there. Byte by byte: v2's
+/// memory.stat has some 50 lines, read for every cgroup once a second during a stall.
 fn keyed<const N: usize>(
     what: &'static str,
     keys: [&'static str; N],
     text: &str,
 ) -> Result<[u64; N], ParseError> {
     let mut found = [None; N];
-    for line in text.lines() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut parts = line.split_ascii_whitespace();
-        let (Some(key), Some(value), None) = (parts.next(), parts.next(), parts.next()) else {
+    for line in text.split('\n') {
+        let bytes = line.as_bytes();
+        let Some(sp) = bytes.iter().position(|b| b.is_ascii_whitespace()) else {
+            if bytes.is_empty() {
+                continue;
+            }
             return Err(ParseError::new(what, "expected KEY VALUE", line));
         };
-        let value: u64 = kernfs::parse_uint(what, value, line)?;
+        let (key, value) = (&line[..sp], line[sp..].trim_ascii());
+        if key.is_empty() {
+            if value.is_empty() {
+                continue;
+            }
+            return Err(ParseError::new(what, "expected KEY VALUE", line));
+        }
+        if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ParseError::new(
+                what,
+                "expected a non-negative integer",
+                line,
+            ));
+        }
         if let Some(i) = keys.iter().position(|k| *k == key) {
-            found[i] = Some(value);
+            found[i] = Some(kernfs::parse_uint(what, value, line)?);
         }
     }
     let mut out = [0; N];
@@ -435,6 +528,9 @@ mod tests {
             "file_dirty -1\nfile_writeback 0\n",
             "file_dirty 1 2\nfile_writeback 0\n",
             "file_dirty 0x10\nfile_writeback 0\n",
+            "file_dirty 1\nfile_writeback 0\nanon 1 2\n",
+            "file_dirty 1\nfile_writeback 0\nanon\n",
+            "file_dirty 1\nfile_writeback 0\n 5\n",
             "",
         ] {
             assert!(parse_memory_stat_v2(bad).is_err(), "{bad:?} accepted");

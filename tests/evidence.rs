@@ -493,3 +493,109 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
             || want("scheduler") == mine.0["scheduler"]
     );
 }
+
+/// CPU time of `f` on this thread.
+fn thread_cpu<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let now = || {
+        let mut ts = nix::libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a plain syscall writing into a timespec we own.
+        let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0);
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    };
+    let t0 = now();
+    let out = f();
+    (out, now() - t0)
+}
+
+/// A v2 hierarchy of `n` cgroups (services under system.slice, sessions under
+/// user.slice), each with a memory.stat and an io.stat as the kernel writes them.
+fn cgroup_tree(sys: &Path, n: usize) {
+    let root = sys.join("fs/cgroup");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("cgroup.controllers"),
+        "cpuset cpu io memory pids\n",
+    )
+    .unwrap();
+    let stat = |dirty: usize| {
+        format!(
+            "anon 1060864\nfile 294912\nkernel 1548288\nkernel_stack 65536\npagetables 131072\nsec_pagetables 0\npercpu 2880\nsock 0\nvmalloc 0\nshmem 0\nzswap 0\nzswapped 0\nfile_mapped 0\nfile_dirty {dirty}\nfile_writeback 4096\nswapcached 0\nanon_thp 0\nfile_thp 0\nshmem_thp 0\ninactive_anon 0\nactive_anon 1060864\ninactive_file 1159168\nactive_file 0\nunevictable 0\nslab_reclaimable 278528\nslab_unreclaimable 1118216\nslab 1396744\nworkingset_refault_anon 0\nworkingset_refault_file 0\nworkingset_activate_anon 0\nworkingset_activate_file 0\nworkingset_restore_anon 0\nworkingset_restore_file 0\nworkingset_nodereclaim 0\npgscan 0\npgsteal 0\npgfault 4419\npgmajfault 0\npgrefill 0\npgactivate 0\npgdeactivate 0\npglazyfree 0\nthp_fault_alloc 0\nthp_collapse_alloc 0\n"
+        )
+    };
+    let io = "8:16 rbytes=1459200 wbytes=314773504 rios=192 wios=353 dbytes=0 dios=0\n8:0 rbytes=90112 wbytes=4096 rios=3 wios=1 dbytes=0 dios=0\n";
+    let mut made = 0;
+    for (slice, per) in [("system.slice", n / 2), ("user.slice", n - n / 2 - 3)] {
+        let s = root.join(slice);
+        std::fs::create_dir(&s).unwrap();
+        std::fs::write(s.join("memory.stat"), stat(1 << 20)).unwrap();
+        std::fs::write(s.join("io.stat"), io).unwrap();
+        made += 1;
+        for i in 0..per {
+            let c = s.join(format!("unit-{i}.scope"));
+            std::fs::create_dir(&c).unwrap();
+            std::fs::write(c.join("memory.stat"), stat(i * 4096)).unwrap();
+            std::fs::write(c.join("io.stat"), io).unwrap();
+            made += 1;
+        }
+    }
+    std::fs::write(root.join("memory.stat"), stat(1 << 30)).unwrap();
+    std::fs::write(root.join("io.stat"), io).unwrap();
+    assert_eq!(made + 1, n, "cgroups in the tree, the root included");
+}
+
+/// The cost of one attribution pass on a host with 2,000 cgroups (BENCHMARKS.md): a
+/// fixture v2 tree in a temporary directory as sysfs, the real /proc for the processes.
+/// Prints the figures; run with `cargo test --release --test evidence -- --ignored
+/// --nocapture attribution_pass`.
+#[test]
+#[ignore]
+fn attribution_pass_cost_on_2000_cgroups() {
+    use stallwatch::cgroups::{self, DevNum, Hierarchies};
+    // On a tmpfs where there is one: cgroupfs lives in memory, and a disk filesystem's
+    // directory blocks would be measured instead (ext4's htree readdir).
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .unwrap();
+    cgroup_tree(dir.path(), 2000);
+    let h = Hierarchies::find(dir.path());
+    assert!(h.v2_memory.is_some() && h.v2_io.is_some());
+    let devs = [DevNum {
+        major: 8,
+        minor: 16,
+    }];
+    // Warm the dentry and page caches, as a second reading of a stall finds them.
+    let first = cgroups::read(&h, &devs, cgroups::MAX_CGROUPS);
+    assert_eq!((first.walked, first.capped, first.errors), (2000, false, 0));
+    let mut cg = Vec::new();
+    let mut full = Vec::new();
+    let roots = stallwatch::kernfs::Roots {
+        proc_root: "/proc".into(),
+        sys_root: dir.path().to_owned(),
+    };
+    let scope = stallwatch::evidence::Scope::default();
+    for _ in 0..20 {
+        cg.push(thread_cpu(|| cgroups::read(&h, &devs, cgroups::MAX_CGROUPS)).1);
+        let (r, t) = thread_cpu(|| stallwatch::evidence::read(&roots, &h, &[&scope]));
+        assert_eq!(r.cgroups.walked, 2000);
+        full.push((t, r.procs.written.len()));
+    }
+    cg.sort();
+    full.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "attribution pass, 2000 cgroups (v2 memory.stat + io.stat), 20 runs: cgroup walk CPU median {:.2} ms, max {:.2} ms; whole pass with /proc/PID/io of {} processes: median {:.2} ms, max {:.2} ms",
+        ms(cg[cg.len() / 2]),
+        ms(cg[cg.len() - 1]),
+        full[0].1,
+        ms(full[full.len() / 2].0),
+        ms(full[full.len() - 1].0),
+    );
+}
