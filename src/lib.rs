@@ -1,8 +1,9 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The module graph runs one way (see ARCHITECTURE.md): leaf types and kernel readers
-//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`) → the workers
-//! (`probe`, `stalls`, `watchdog`, `sampler`) → the serving side (`metrics`, `routes`,
+//! (`sync`, `config`, `op`, `inflight`, `kernfs`, `mounts`, `vm`, `blockdev`, `cgroups`,
+//! `devstat`, `jbd2`, `procio`, `evidence`) → the workers (`probe`, `stalls`, `watchdog`,
+//! `sampler`, `evidence_worker`) → the serving side (`metrics`, `routes`,
 //! `web`) → `agent` and `probe_cli` → `main`.
 
 pub mod agent;
