@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::{Config, Source};
+use crate::evidence_worker;
 use crate::history::History;
 use crate::host::HostInfo;
 use crate::kernfs::Roots;
@@ -124,6 +125,13 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
             .spawn(move || sampler.run(&s, &sd))
             .context("spawning the VM sampler")?
     };
+    let evidence = {
+        let (s, r) = (Arc::clone(&stalls), ctx.roots.clone());
+        std::thread::Builder::new()
+            .name("evidence".into())
+            .spawn(move || evidence_worker::run(s, r))
+            .context("spawning the evidence worker")?
+    };
     let watchdog = {
         let (t, s, sd) = (
             Arc::clone(&targets),
@@ -142,7 +150,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     });
     let app = routes::app(Arc::new(App {
         registry,
-        stalls,
+        stalls: Arc::clone(&stalls),
         targets,
         history,
         telemetry_path,
@@ -173,6 +181,8 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     shutdown.trigger();
     let _ = sampler.join();
     let _ = watchdog.join();
+    stalls.close_evidence();
+    let _ = evidence.join();
     reloader.shutdown();
     info!("stopped");
     Ok(())

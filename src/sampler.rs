@@ -2,6 +2,7 @@
 //! the block devices beneath the targets, publishes them in the families it owns, and
 //! hands each sample to the stall log for the stalls' windows.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,6 +11,7 @@ use strum::VariantArray;
 use tracing::{info, warn};
 
 use crate::blockdev::{self, SyncAction};
+use crate::devstat;
 use crate::history::History;
 use crate::kernfs::Roots;
 use crate::stalls::{DeviceReading, Snapshot, StallLog};
@@ -37,6 +39,7 @@ pub struct SamplerMetrics {
     md_sync_completed: GaugeVec,
     md_degraded: IntGaugeVec,
     device_inflight: IntGaugeVec,
+    device_info: IntGaugeVec,
 }
 
 fn register<M: prometheus::core::Collector + Clone + 'static>(
@@ -162,7 +165,60 @@ impl SamplerMetrics {
                     &["device", "direction"],
                 ),
             ),
+            device_info: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "stallwatch_device_info",
+                        "1 per disk beneath a target (md members included), labelled with its queue facts: rotational 0/1, write_cache (write back: a volatile cache the kernel flushes; write through), fua 0/1, scheduler; unknown where sysfs has no such attribute.",
+                    ),
+                    &["device", "rotational", "write_cache", "fua", "scheduler"],
+                ),
+            ),
         }
+    }
+
+    /// Publishes the facts of the disks beneath the targets when that set differs from
+    /// the one in `known` or, with `refresh`, when a fact changed (the scheduler and the
+    /// cache mode can be set at run time). Series are replaced only on a change.
+    fn publish_facts(
+        &self,
+        stalls: &StallLog,
+        sys_root: &Path,
+        known: &mut Option<(BTreeSet<String>, Vec<[String; 5]>)>,
+        refresh: bool,
+    ) {
+        let now = stalls.backing_devices();
+        if !refresh && known.as_ref().is_some_and(|(k, _)| *k == now) {
+            return;
+        }
+        let disks: BTreeSet<String> = now.iter().map(|d| devstat::disk_of(sys_root, d)).collect();
+        let mut labels = Vec::new();
+        for d in &disks {
+            let f = match devstat::read_facts(sys_root, d) {
+                Ok(f) => f,
+                Err(e) => {
+                    warn!(device = %d, error = %e, "reading the device's queue facts failed");
+                    continue;
+                }
+            };
+            let flag = |b: Option<bool>| b.map_or("unknown", |b| if b { "1" } else { "0" });
+            labels.push([
+                d.clone(),
+                flag(f.rotational).to_owned(),
+                f.write_cache.map_or("unknown", |w| w.as_str()).to_owned(),
+                flag(f.fua).to_owned(),
+                f.scheduler.unwrap_or_else(|| "unknown".into()),
+            ]);
+        }
+        if known.as_ref().is_none_or(|(_, l)| *l != labels) {
+            self.device_info.reset();
+            for l in &labels {
+                let l: Vec<&str> = l.iter().map(String::as_str).collect();
+                self.device_info.with_label_values(&l).set(1);
+            }
+        }
+        *known = Some((now, labels));
     }
 
     fn publish_vm(&self, s: &vm::VmSample, prev: Option<&vm::VmSample>) {
@@ -252,10 +308,18 @@ impl Sampler {
         let mut prev: Option<vm::VmSample> = None;
         let mut failing = false;
         let mut samples: u64 = 0;
+        let mut facts_of = None;
         let mut next = Instant::now();
         loop {
             // The sysctls every tenth sample (and the first).
             let with_sysctls = samples.is_multiple_of(10);
+            // Device facts when the devices change, and every minute or so.
+            self.metrics.publish_facts(
+                stalls,
+                &self.roots.sys_root,
+                &mut facts_of,
+                samples.is_multiple_of(60),
+            );
             samples += 1;
             match vm::sample(&self.roots.proc_root, page, with_sysctls) {
                 Ok(s) => {
@@ -306,6 +370,8 @@ mod tests {
             TargetDevices {
                 disk: Some(d.disk.clone()),
                 arrays: d.md_arrays.clone(),
+                device: Some(d.name.clone()),
+                members: d.slaves.clone(),
             },
         );
         let reading = m.read_devices(&log, &sys);

@@ -14,17 +14,18 @@
 //! event may name another cause than the one it was counted under.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::{IntCounterVec, Opts, Registry};
 use serde::Serialize;
 use strum::VariantArray;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::blockdev::SyncAction;
 use crate::causes::Cause;
 use crate::config::Mode;
+use crate::evidence::{self, Evidence, Scope};
 use crate::inflight::InFlightOp;
 use crate::op::{Failure, Op};
 use crate::sync::lock;
@@ -125,6 +126,9 @@ pub struct StallEvent {
     pub counted_cause: Cause,
     /// One sentence from the evidence above (`verdict.rs`).
     pub verdict: String,
+    /// Who was dirtying, what the devices did, the journal: read by the evidence worker
+    /// from the crossing on, once a second, and once more after the call returned.
+    pub evidence: Evidence,
     #[serde(skip)]
     started: Instant,
     /// The lane and the call's sequence number in it.
@@ -139,7 +143,13 @@ pub struct StallEvent {
     /// The wait point that decided `cause`.
     #[serde(skip)]
     symbol: Option<String>,
+    #[serde(skip)]
+    scope: Scope,
 }
+
+/// Which event the evidence worker is reading for: its lane and call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId(usize, u64);
 
 /// Another lane's call, blocked at the same time as the stalled one.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -201,6 +211,28 @@ fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
 pub struct TargetDevices {
     pub disk: Option<String>,
     pub arrays: Vec<String>,
+    /// The filesystem's own device (`sda1`; the disk itself when unpartitioned).
+    pub device: Option<String>,
+    /// The leaf devices beneath md arrays or other stacked devices (`sdb1`, `sdc`).
+    pub members: Vec<String>,
+}
+
+impl TargetDevices {
+    fn scope(&self) -> Scope {
+        Scope {
+            disk: self.disk.clone(),
+            device: self.device.clone(),
+            members: self.members.clone(),
+        }
+    }
+}
+
+/// Wakes the evidence worker when a stall starts or ends; closed at shutdown.
+#[derive(Default)]
+struct Signal {
+    /// (changes so far, closed)
+    state: Mutex<(u64, bool)>,
+    cv: Condvar,
 }
 
 struct Inner {
@@ -217,6 +249,7 @@ pub struct StallLog {
     inner: Mutex<Inner>,
     capacity: usize,
     stalls: IntCounterVec,
+    signal: Signal,
 }
 
 impl StallLog {
@@ -242,6 +275,7 @@ impl StallLog {
             }),
             capacity,
             stalls,
+            signal: Signal::default(),
         }
     }
 
@@ -282,6 +316,8 @@ impl StallLog {
             ev.error = Some("target removed by a reload while the call was blocked".into());
             set_verdict(ev);
         }
+        drop(inner);
+        self.wake_evidence();
     }
 
     /// How many stalls of `name`'s `mode` `op` were counted, whatever their cause.
@@ -318,6 +354,89 @@ impl StallLog {
             .flat_map(|d| d.arrays.iter().cloned())
             .collect();
         (disks, arrays)
+    }
+
+    /// The whole disks beneath all targets and the leaf devices beneath them, for the
+    /// device facts.
+    pub fn backing_devices(&self) -> BTreeSet<String> {
+        let inner = lock(&self.inner);
+        inner
+            .devices
+            .values()
+            .flat_map(|d| d.disk.iter().chain(d.members.iter()).cloned())
+            .collect()
+    }
+
+    /// The ongoing stalls and the devices of each, for the evidence worker.
+    pub fn ongoing_scopes(&self) -> Vec<(EventId, Scope)> {
+        let inner = lock(&self.inner);
+        inner
+            .events
+            .iter()
+            .filter(|e| e.ongoing)
+            .map(|e| (EventId(e.key.0, e.key.1), e.scope.clone()))
+            .collect()
+    }
+
+    /// The evidence worker's latest view of an event's window; `last`: the call has
+    /// returned and this was the reading after it, logged with the evidence phrases.
+    pub fn set_evidence(&self, id: EventId, evidence: Evidence, last: bool) {
+        let mut inner = lock(&self.inner);
+        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (id.0, id.1)) else {
+            return;
+        };
+        ev.evidence = evidence;
+        ev.evidence.complete = last;
+        set_verdict(ev);
+        if last {
+            let (phrases, idle) = evidence::phrases(&ev.evidence);
+            info!(target = %ev.target, mode = ev.mode, op = ev.op,
+                duration_seconds = ev.duration_seconds,
+                reads = ev.evidence.reads,
+                device_idle = idle.map_or("unknown", |i| if i { "yes" } else { "no" }),
+                evidence = %phrases.join("; "),
+                verdict = %ev.verdict,
+                "stall evidence");
+        }
+    }
+
+    /// Blocks the evidence worker until a stall starts or ends after change `seen`, or
+    /// until `until`; returns the latest change number, None once closed.
+    pub fn wait_evidence(&self, seen: u64, until: Option<Instant>) -> Option<u64> {
+        let mut st = lock(&self.signal.state);
+        loop {
+            if st.1 {
+                return None;
+            }
+            if st.0 != seen {
+                return Some(st.0);
+            }
+            st = match until {
+                None => self.signal.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(t) => {
+                    let now = Instant::now();
+                    if now >= t {
+                        return Some(st.0);
+                    }
+                    self.signal
+                        .cv
+                        .wait_timeout(st, t - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Ends the evidence worker's wait for good (shutdown).
+    pub fn close_evidence(&self) {
+        lock(&self.signal.state).1 = true;
+        self.signal.cv.notify_all();
+    }
+
+    fn wake_evidence(&self) {
+        lock(&self.signal.state).0 += 1;
+        self.signal.cv.notify_all();
     }
 
     /// The recent events, newest first, ongoing ones with their age so far.
@@ -391,6 +510,8 @@ impl StallLog {
             verdict = %ev.verdict,
             "stall started: operation blocked past the threshold");
         self.push(&mut inner, ev);
+        drop(inner);
+        self.wake_evidence();
     }
 
     /// A call of lane `key` slower than the threshold returned; `others` are the other
@@ -443,6 +564,9 @@ impl StallLog {
             also_blocked = %blocked_field(&ev.also_blocked),
             verdict = %ev.verdict,
             "stall ended");
+        drop(inner);
+        // The evidence worker reads once more, for the end of the window.
+        self.wake_evidence();
     }
 
     /// A new sample from the VM sampler: kept for later windows, and folded into every
@@ -519,12 +643,14 @@ impl StallLog {
             cause: Cause::Unknown,
             counted_cause: Cause::Unknown,
             verdict: String::new(),
+            evidence: Evidence::default(),
             started,
             key: (key.lane, seq),
             pressure_start: None,
             disk: devs.disk.clone(),
             arrays: devs.arrays.clone(),
             symbol: None,
+            scope: devs.scope(),
         };
         if let Some(s) = first {
             ev.vm.dirty_bytes_start = s.vm.counters.dirty_bytes;
@@ -551,9 +677,10 @@ fn set_waits(ev: &mut StallEvent, waits: Option<&WaitSamples>) {
     ev.symbol = w.symbol().map(str::to_owned);
 }
 
-/// Builds the event's verdict from its fields. Evidence phrases of other readers (top
-/// dirtiers, device figures) and whether the device was idle are not gathered here yet:
-/// `&[]` and None.
+/// Builds the event's verdict from its fields, the evidence worker's phrases (top
+/// dirtiers, writers, device figures, the journal) and whether the device was idle. Built
+/// anew whenever any of them changes: the evidence arrives after the crossing and its
+/// final reading after the call returned.
 fn set_verdict(ev: &mut StallEvent) {
     let facts = Facts {
         op: ev.op,
@@ -570,7 +697,8 @@ fn set_verdict(ev: &mut StallEvent) {
             .map(|m| (m.device.as_str(), m.action_label()))
             .collect(),
     };
-    ev.verdict = verdict::verdict(&facts, &[], None);
+    let (phrases, idle) = evidence::phrases(&ev.evidence);
+    ev.verdict = verdict::verdict(&facts, &phrases, idle);
 }
 
 /// The md and device context as flat log values: `md0=check`, `sda`, peak in flight.
@@ -736,6 +864,7 @@ mod tests {
             TargetDevices {
                 disk: Some("sdb".into()),
                 arrays: vec!["md0".into()],
+                ..TargetDevices::default()
             },
         );
         log
@@ -865,6 +994,43 @@ mod tests {
             log.events()[0].verdict,
             "fsync blocked 2.0 s (no wait point sampled)"
         );
+    }
+
+    #[test]
+    fn the_evidence_worker_is_woken_by_starts_and_ends_and_fills_the_event() {
+        let log = setup();
+        assert!(log.ongoing_scopes().is_empty());
+        let seen = log.wait_evidence(0, Some(Instant::now())).unwrap();
+        let fsync = in_flight(Mode::Overwrite, Op::Fsync, 4, Duration::from_secs(2));
+        log.crossed(KEY, fsync, &[], None);
+        let started = log
+            .wait_evidence(seen, None)
+            .expect("a start wakes the worker");
+        let ongoing = log.ongoing_scopes();
+        assert_eq!(ongoing.len(), 1);
+        assert_eq!(ongoing[0].1.disk.as_deref(), Some("sdb"));
+        let mut e = Evidence {
+            reads: 1,
+            ..Evidence::default()
+        };
+        log.set_evidence(ongoing[0].0, e.clone(), false);
+        assert_eq!(log.events()[0].evidence.reads, 1);
+        // Looking again is no change; the end is.
+        log.crossed(KEY, fsync, &[], None);
+        assert_eq!(
+            log.wait_evidence(started, Some(Instant::now())),
+            Some(started)
+        );
+        log.finished(KEY, call(4, Duration::from_secs(3), None), &[]);
+        assert!(log.wait_evidence(started, None).unwrap() > started);
+        assert!(log.ongoing_scopes().is_empty());
+        e.reads = 2;
+        log.set_evidence(ongoing[0].0, e, true);
+        let json = serde_json::to_value(&log.events()[0]).unwrap();
+        assert_eq!(json["evidence"]["reads"], 2);
+        assert_eq!(json["evidence"]["complete"], true);
+        log.close_evidence();
+        assert_eq!(log.wait_evidence(0, None), None);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Golden end-to-end test: the real binary reads fixture /proc and /sys trees through
-//! `--path.procfs` / `--path.sysfs`, and its VM, pressure, md and device families must
-//! match `tests/fixtures/golden/expected.prom` line for line (HELP, TYPE, samples, in
-//! exposition order), as node_exporter's `end-to-end-test.sh` does.
+//! `--path.procfs` / `--path.sysfs`, and its VM, pressure, md and device families (the
+//! device facts included) must match `tests/fixtures/golden/expected.prom` line for line
+//! (HELP, TYPE, samples, in exposition order), as node_exporter's `end-to-end-test.sh`
+//! does.
 //!
 //! `UPDATE_GOLDEN=1 cargo test --test golden` rewrites the expected file from this run.
 //! Self-contained (no `tests/common`): a fixture tree, a process, one HTTP client.
@@ -361,6 +362,25 @@ fn a_changed_kernel_release_fails_the_comparison() {
     );
     assert!(
         diff.contains("+stallwatch_host_info{kernel_release=\"6.1.0-21-amd64\","),
+        "{diff}"
+    );
+}
+
+#[test]
+fn a_changed_write_cache_mode_fails_the_comparison() {
+    let trees = Trees::new();
+    trees.edit(
+        "sys/devices/pci0000:00/0000:00:17.0/ata5/host4/target4:0:0/4:0:0:0/block/sde/queue/write_cache",
+        "write through",
+        "write back",
+    );
+    let diff = compare(&expected(), &run(&trees)).expect_err("write back on sde went unnoticed");
+    assert!(
+        diff.contains(": stallwatch_device_info\n"),
+        "only the device facts should differ:\n{diff}"
+    );
+    assert!(
+        diff.contains("\n+stallwatch_device_info{device=\"sde\",fua=\"0\",rotational=\"1\",scheduler=\"mq-deadline\",write_cache=\"write back\"} 1\n"),
         "{diff}"
     );
 }

@@ -706,6 +706,8 @@ fn devices_of(sys_root: &Path, m: &Mount) -> TargetDevices {
         Ok(d) => TargetDevices {
             disk: Some(d.disk),
             arrays: d.md_arrays,
+            device: Some(d.name),
+            members: d.slaves,
         },
         // tmpfs, btrfs (anonymous device numbers), network filesystems.
         Err(_) => TargetDevices::default(),
