@@ -389,6 +389,16 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
             "the idle cgroup dirtied nothing"
         );
     }
+    // The verdict names the writer's cgroup as the top dirtier, and the busy device.
+    let verdict = ev["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains(&format!("top dirtier /{tag}-writer")),
+        "the verdict does not name the dirtier: {verdict}"
+    );
+    assert!(
+        verdict.contains(&format!("{dev} writing")),
+        "the verdict does not say what the device did: {verdict}"
+    );
     let d = &dirtiers[0];
     let agents = d["dirty_bytes"].as_u64().unwrap() + d["writeback_bytes"].as_u64().unwrap();
     let own = w.own_dirty_max;
