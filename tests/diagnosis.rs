@@ -10,14 +10,13 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
 
 /// The agent names each lane thread `p<target index>-<mode>` (supervisor.rs).
@@ -247,39 +246,6 @@ const WRITEBACK_TABLE: &[(&str, &str)] = &[
     ("xfs_log_force*", "journal"),
 ];
 
-/// Random 4 KiB buffered writes into a 64 MiB file, writeback started every 2 MiB so
-/// the device queue stays full (the load of tests/lanes.rs). Bounded in bytes and time.
-fn random_writer(path: &Path, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    let path = path.to_owned();
-    std::thread::spawn(move || {
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(64 << 20).unwrap();
-        let buf = vec![0x5au8; 4096];
-        let t0 = Instant::now();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        for i in 0..12288u64 {
-            if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(50) {
-                break;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let off = (x % (16384 - 1)) * 4096;
-            nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
-            if i % 512 == 511 {
-                nix::fcntl::posix_fadvise(
-                    f.as_fd(),
-                    0,
-                    0,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                )
-                .unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    })
-}
-
 /// Sequential 1 MiB buffered writes into one file, up to 32 MiB or 50 s.
 fn streaming_writer(path: &Path, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     let path = path.to_owned();
@@ -364,7 +330,13 @@ fn a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback() {
     assert!(agent.wait_up("t"));
     fs.throttle_write_bps(1 << 20);
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = random_writer(&fs.path().join("big"), Arc::clone(&stop));
+    let writer = random_writer(
+        &fs.path().join("big"),
+        Arc::clone(&stop),
+        12288,
+        Duration::from_secs(50),
+        Kick::FadviseDontneed,
+    );
     writeback_case(
         &mut fs,
         &agent,
