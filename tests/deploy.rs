@@ -19,29 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::prom::{dashboard_exprs, Prometheus};
+use common::{repo, tool, which};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
 // helpers
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn repo_file(rel: &str) -> PathBuf {
     repo().join(rel)
-}
-
-/// An executable in PATH.
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Finds an executable in PATH, or fails with how to install it.
-fn tool(name: &str, install: &str) -> PathBuf {
-    which(name).unwrap_or_else(|| panic!("`{name}` not found: install it ({install})"))
 }
 
 fn systemd_analyze() -> PathBuf {

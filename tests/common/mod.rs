@@ -85,6 +85,23 @@ fn describe(prog: &str, args: &[&str]) -> String {
         .join(" ")
 }
 
+/// The repository (the crate's manifest directory).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An executable in PATH.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Finds an executable in PATH, or fails with how to install it.
+pub fn tool(name: &str, install: &str) -> PathBuf {
+    which(name).unwrap_or_else(|| panic!("`{name}` not found: install it ({install})"))
+}
+
 /// Runs `timeout -k 5 SECS prog args...`; returns stdout on success, or an error that
 /// names the command, its exit status and its stderr.
 pub fn run_cmd_timeout(secs: u64, prog: &str, args: &[&str]) -> Result<String, String> {
