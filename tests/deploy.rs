@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::prom::{dashboard_exprs, Prometheus};
-use common::{repo, tool, which};
+use common::{fresh_client, repo, request, tool, which};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
@@ -736,29 +736,6 @@ impl Drop for Proc {
     }
 }
 
-fn http() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into()
-}
-
-fn get(agent: &ureq::Agent, url: &str, query: &[(&str, &str)]) -> Result<(u16, String), String> {
-    let mut req = agent.get(url);
-    for (k, v) in query {
-        req = req.query(*k, *v);
-    }
-    let mut resp = req.call().map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| e.to_string())?;
-    Ok((status, body))
-}
-
 /// Starts the agent on a free port; returns it and the address it logged.
 fn start_agent(dir: &Path) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
     let probe_dir = dir.join("probed");
@@ -951,12 +928,16 @@ const ALERT_SIGNAL_MAY_BE_EMPTY: &[(&str, &str)] = &[(
 fn dashboard_and_rules_against_real_prometheus() {
     let tmp = tempfile::tempdir().unwrap();
     let (agent_proc, agent_addr, agent_log) = start_agent(tmp.path());
-    let http = http();
 
     // The agent serves metrics before Prometheus is even started.
-    let (status, metrics) = get(&http, &format!("http://{agent_addr}/metrics"), &[])
-        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
-    assert_eq!(status, 200, "/metrics: {metrics}");
+    let metrics = request(
+        &fresh_client(),
+        "GET",
+        &format!("http://{agent_addr}/metrics"),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    assert_eq!(metrics.status, 200, "/metrics: {}", metrics.text());
 
     let prom = Prometheus::start(
         tmp.path(),
