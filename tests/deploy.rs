@@ -8,38 +8,25 @@
 //! A missing tool fails the test with the install command: these checks must not silently
 //! turn into no checks.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::prom::{dashboard_exprs, Prometheus};
+use common::{fresh_client, repo, request, tool, which};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
 // helpers
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn repo_file(rel: &str) -> PathBuf {
     repo().join(rel)
-}
-
-/// An executable in PATH.
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Finds an executable in PATH, or fails with how to install it.
-fn tool(name: &str, install: &str) -> PathBuf {
-    which(name).unwrap_or_else(|| panic!("`{name}` not found: install it ({install})"))
 }
 
 fn systemd_analyze() -> PathBuf {
@@ -103,6 +90,35 @@ fn directives(unit: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// `systemd-analyze verify` of `units` copied into `dir` (man page under `dir/man`),
+/// which must succeed; returns its complaints: the stderr lines naming any of `ours`
+/// (verify exits 0 for unknown keys and bad values, but prints them).
+fn verify(dir: &Path, units: &[PathBuf], ours: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new(systemd_analyze());
+    cmd.arg("verify");
+    if which("man").is_none() {
+        eprintln!("`man` not installed (apt-get install man-db): not checking man:stallwatch(1)");
+        cmd.arg("--man=no");
+    }
+    let out = run(cmd
+        .args(units)
+        .env("MANPATH", dir.join("man"))
+        // Unit search path: the copy's directory first (so the drop-in directory next to
+        // it is read), then the defaults (trailing colon).
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
+        .env("SYSTEMD_LOG_LEVEL", "notice"));
+    assert!(
+        out.status.success(),
+        "systemd-analyze verify failed:\n{}",
+        text(&out)
+    );
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| ours.iter().any(|o| l.contains(o)))
+        .map(String::from)
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // systemd
 
@@ -120,32 +136,7 @@ fn systemd_unit_verifies() {
         let man = dir.join("man/man1");
         std::fs::create_dir_all(&man).unwrap();
         std::fs::copy(repo_file("debian/stallwatch.1"), man.join("stallwatch.1")).unwrap();
-        let mut cmd = Command::new(systemd_analyze());
-        cmd.arg("verify");
-        if which("man").is_none() {
-            eprintln!(
-                "`man` not installed (apt-get install man-db): not checking man:stallwatch(1)"
-            );
-            cmd.arg("--man=no");
-        }
-        let out = run(cmd
-            .arg(&unit)
-            .env("MANPATH", dir.join("man"))
-            // Unit search path: the copy's directory first (so the drop-in directory
-            // next to it is read), then the defaults (trailing colon).
-            .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
-            .env("SYSTEMD_LOG_LEVEL", "notice"));
-        assert!(
-            out.status.success(),
-            "systemd-analyze verify failed:\n{}",
-            text(&out)
-        );
-        // verify exits 0 for unknown keys and bad values, but prints them.
-        let complaints: Vec<_> = String::from_utf8_lossy(&out.stderr)
-            .lines()
-            .filter(|l| l.contains("stallwatch") || l.contains("mounts.conf"))
-            .map(String::from)
-            .collect();
+        let complaints = verify(&dir, &[unit], &["stallwatch", "mounts.conf"]);
         assert!(
             complaints.is_empty(),
             "systemd-analyze verify complained (drop-in: {with_dropin}):\n{}",
@@ -188,27 +179,14 @@ fn systemd_socket_example_verifies() {
     let man = dir.join("man/man1");
     std::fs::create_dir_all(&man).unwrap();
     std::fs::copy(repo_file("debian/stallwatch.1"), man.join("stallwatch.1")).unwrap();
-    let mut cmd = Command::new(systemd_analyze());
-    cmd.arg("verify");
-    if which("man").is_none() {
-        cmd.arg("--man=no");
-    }
-    let out = run(cmd
-        .arg(dir.join("stallwatch.socket"))
-        .arg(dir.join("stallwatch.service"))
-        .env("MANPATH", dir.join("man"))
-        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
-        .env("SYSTEMD_LOG_LEVEL", "notice"));
-    assert!(
-        out.status.success(),
-        "systemd-analyze verify failed:\n{}",
-        text(&out)
+    let complaints = verify(
+        dir,
+        &[
+            dir.join("stallwatch.socket"),
+            dir.join("stallwatch.service"),
+        ],
+        &["stallwatch", "socket-activation"],
     );
-    let complaints: Vec<_> = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| l.contains("stallwatch") || l.contains("socket-activation"))
-        .map(String::from)
-        .collect();
     assert!(
         complaints.is_empty(),
         "systemd-analyze verify complained:\n{}",
@@ -564,63 +542,6 @@ fn all_panels(dash: &Value) -> Vec<Value> {
     out
 }
 
-/// An expression to evaluate, with where it came from.
-#[derive(Clone, Debug)]
-struct Expr {
-    /// "panel <title> <refId>", "annotation <name>", "variable <name>", "alert <name>"
-    origin: String,
-    expr: String,
-}
-
-/// Every PromQL expression of the dashboard: panel targets, annotations, and the inner
-/// query of `label_values(QUERY, label)` variables.
-fn dashboard_exprs(dash: &Value) -> Vec<Expr> {
-    let mut out = Vec::new();
-    for p in all_panels(dash) {
-        if p["type"] == "row" {
-            continue;
-        }
-        for t in p["targets"].as_array().into_iter().flatten() {
-            out.push(Expr {
-                origin: format!(
-                    "panel {} {}",
-                    p["title"].as_str().unwrap_or("?"),
-                    t["refId"].as_str().unwrap_or("?")
-                ),
-                expr: t["expr"].as_str().unwrap_or("").to_string(),
-            });
-        }
-    }
-    for a in dash["annotations"]["list"].as_array().into_iter().flatten() {
-        if let Some(e) = a["expr"].as_str() {
-            out.push(Expr {
-                origin: format!("annotation {}", a["name"].as_str().unwrap_or("?")),
-                expr: e.to_string(),
-            });
-        }
-    }
-    for v in dash["templating"]["list"].as_array().into_iter().flatten() {
-        if v["type"] != "query" {
-            continue;
-        }
-        let q = v["query"]["query"]
-            .as_str()
-            .or(v["query"].as_str())
-            .unwrap_or("");
-        let inner = label_values_query(q).unwrap_or_else(|| {
-            panic!(
-                "variable {}: not label_values(QUERY, label): {q}",
-                v["name"]
-            )
-        });
-        out.push(Expr {
-            origin: format!("variable {}", v["name"].as_str().unwrap_or("?")),
-            expr: inner.0,
-        });
-    }
-    out
-}
-
 /// `label_values(QUERY, label)` -> (QUERY, label)
 fn label_values_query(q: &str) -> Option<(String, String)> {
     let body = q.trim().strip_prefix("label_values(")?.strip_suffix(')')?;
@@ -815,37 +736,6 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .proxy(None)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into()
-}
-
-fn get(agent: &ureq::Agent, url: &str, query: &[(&str, &str)]) -> Result<(u16, String), String> {
-    let mut req = agent.get(url);
-    for (k, v) in query {
-        req = req.query(*k, *v);
-    }
-    let mut resp = req.call().map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| e.to_string())?;
-    Ok((status, body))
-}
-
 /// Starts the agent on a free port; returns it and the address it logged.
 fn start_agent(dir: &Path) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
     let probe_dir = dir.join("probed");
@@ -903,78 +793,6 @@ fn start_agent(dir: &Path) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
             )
         });
     (proc, addr, log)
-}
-
-fn start_prometheus(dir: &Path, agent_addr: &str) -> (Proc, String) {
-    let prometheus = tool("prometheus", "apt-get install prometheus");
-    let rules = repo_file("deploy/stallwatch.rules.yml");
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: stallwatch\n    static_configs:\n      - targets: [\"{agent_addr}\"]\n",
-            rules.display()
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-    let child = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address={addr}"))
-        .arg("--log.level=warn")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .current_dir(dir)
-        .spawn()
-        .expect("start prometheus");
-    (
-        Proc {
-            name: "prometheus",
-            child,
-        },
-        addr,
-    )
-}
-
-/// Instant query; Ok(number of series) or Err(the API's error).
-fn query(agent: &ureq::Agent, prom: &str, expr: &str) -> Result<Vec<Value>, String> {
-    let (status, body) = get(
-        agent,
-        &format!("http://{prom}/api/v1/query"),
-        &[("query", expr)],
-    )?;
-    let v: Value =
-        serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
-    if v["status"] != "success" {
-        return Err(format!(
-            "HTTP {status}: {} {}",
-            v["errorType"].as_str().unwrap_or(""),
-            v["error"].as_str().unwrap_or(&body)
-        ));
-    }
-    Ok(match &v["data"]["result"] {
-        Value::Array(a) => a.clone(),
-        // scalar / string results: one value
-        other if !other.is_null() => vec![other.clone()],
-        _ => Vec::new(),
-    })
-}
-
-fn scalar(agent: &ureq::Agent, prom: &str, expr: &str) -> f64 {
-    query(agent, prom, expr)
-        .ok()
-        .and_then(|r| r.first().cloned())
-        .and_then(|s| s["value"][1].as_str().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
 }
 
 /// Grafana's template variables, as a panel for the test target would see them.
@@ -1110,19 +928,28 @@ const ALERT_SIGNAL_MAY_BE_EMPTY: &[(&str, &str)] = &[(
 fn dashboard_and_rules_against_real_prometheus() {
     let tmp = tempfile::tempdir().unwrap();
     let (agent_proc, agent_addr, agent_log) = start_agent(tmp.path());
-    let http = http();
 
     // The agent serves metrics before Prometheus is even started.
-    let (status, metrics) = get(&http, &format!("http://{agent_addr}/metrics"), &[])
-        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
-    assert_eq!(status, 200, "/metrics: {metrics}");
+    let metrics = request(
+        &fresh_client(),
+        "GET",
+        &format!("http://{agent_addr}/metrics"),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    assert_eq!(metrics.status, 200, "/metrics: {}", metrics.text());
 
-    let (prom_proc, prom) = start_prometheus(tmp.path(), &agent_addr);
-    let prom_log = tmp.path().join("prometheus.log");
+    let prom = Prometheus::start(
+        tmp.path(),
+        "stallwatch",
+        std::slice::from_ref(&agent_addr),
+        &[repo_file("deploy/stallwatch.rules.yml")],
+        "1s",
+    );
     let diagnostics = || {
         format!(
             "--- prometheus log\n{}\n--- stallwatch log\n{}",
-            std::fs::read_to_string(&prom_log).unwrap_or_default(),
+            prom.log(),
             agent_log.lock().unwrap().join("\n")
         )
     };
@@ -1130,18 +957,10 @@ fn dashboard_and_rules_against_real_prometheus() {
     // Ready, and a few scrapes and probe cycles in the TSDB.
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let ready = matches!(
-            get(&http, &format!("http://{prom}/-/ready"), &[]),
-            Ok((200, _))
-        );
-        if ready {
-            let scrapes = scalar(
-                &http,
-                &prom,
-                "sum(count_over_time(up{job=\"stallwatch\"}[1m]))",
-            );
-            let cycles = scalar(&http, &prom, "sum(stallwatch_probes_total)");
-            let ups = scalar(&http, &prom, "sum(up{job=\"stallwatch\"})");
+        if prom.ready() {
+            let scrapes = prom.scalar("sum(count_over_time(up{job=\"stallwatch\"}[1m]))");
+            let cycles = prom.scalar("sum(stallwatch_probes_total)");
+            let ups = prom.scalar("sum(up{job=\"stallwatch\"})");
             if scrapes >= 8.0 && cycles >= 5.0 && ups >= 1.0 {
                 break;
             }
@@ -1154,7 +973,7 @@ fn dashboard_and_rules_against_real_prometheus() {
         std::thread::sleep(Duration::from_millis(500));
     }
     // The instance label Prometheus gave the agent.
-    let instance = query(&http, &prom, "up{job=\"stallwatch\"}").unwrap()[0]["metric"]["instance"]
+    let instance = prom.query("up{job=\"stallwatch\"}").unwrap()[0]["metric"]["instance"]
         .as_str()
         .unwrap()
         .to_string();
@@ -1173,7 +992,7 @@ fn dashboard_and_rules_against_real_prometheus() {
             e.origin
         );
         checked += 1;
-        match query(&http, &prom, &q) {
+        match prom.query(&q) {
             Err(err) => failures.push(format!("{}: does not evaluate: {err}\n    {q}", e.origin)),
             Ok(r) if r.is_empty() => match allowed.get(e.origin.as_str()) {
                 Some(why) => eprintln!("empty, allowed ({why}): {}", e.origin),
@@ -1188,7 +1007,9 @@ fn dashboard_and_rules_against_real_prometheus() {
             continue;
         }
         let (inner, label) = label_values_query(v["query"]["query"].as_str().unwrap()).unwrap();
-        let r = query(&http, &prom, &substitute(&inner, &instance)).unwrap_or_default();
+        let r = prom
+            .query(&substitute(&inner, &instance))
+            .unwrap_or_default();
         let values: BTreeSet<&str> = r
             .iter()
             .filter_map(|s| s["metric"][&label].as_str())
@@ -1212,12 +1033,12 @@ fn dashboard_and_rules_against_real_prometheus() {
     for (name, expr) in alert_rules() {
         let origin = format!("alert {name}");
         checked += 1;
-        if let Err(err) = query(&http, &prom, &expr) {
+        if let Err(err) = prom.query(&expr) {
             failures.push(format!("{origin}: does not evaluate: {err}\n    {expr}"));
             continue;
         }
         let signal = strip_thresholds(&expr);
-        match query(&http, &prom, &signal) {
+        match prom.query(&signal) {
             Err(err) => failures.push(format!(
                 "{origin}: signal does not evaluate: {err}\n    {signal}"
             )),
@@ -1229,18 +1050,11 @@ fn dashboard_and_rules_against_real_prometheus() {
         }
     }
     // Prometheus itself loaded and evaluated the rules file without error.
-    let (_, body) = get(&http, &format!("http://{prom}/api/v1/rules"), &[]).unwrap();
-    let rules: Value = serde_json::from_str(&body).unwrap();
-    let mut loaded = 0;
-    for g in rules["data"]["groups"].as_array().into_iter().flatten() {
-        for r in g["rules"].as_array().into_iter().flatten() {
-            loaded += 1;
-            if r["health"] != "ok" {
-                failures.push(format!(
-                    "rule {} health {}: {}",
-                    r["name"], r["health"], r["lastError"]
-                ));
-            }
+    let rules = prom.rules();
+    let loaded = rules.len();
+    for (_, name, health, last_error) in &rules {
+        if health != "ok" {
+            failures.push(format!("rule {name} health {health}: {last_error}"));
         }
     }
     if loaded != alert_rules().len() {
@@ -1257,6 +1071,6 @@ fn dashboard_and_rules_against_real_prometheus() {
         }
         panic!("{msg}\n{}", diagnostics());
     }
-    drop(prom_proc);
+    drop(prom);
     drop(agent_proc);
 }

@@ -10,14 +10,13 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
 
 /// The agent names each lane thread `p<target index>-<mode>` (supervisor.rs).
@@ -171,6 +170,48 @@ fn check_event(ev: &Value, cause: &str) {
     );
 }
 
+/// A create held in the kernel (the caller has blocked it): watches the create lane
+/// until the test has read its wait 10 times, takes the live metrics and the ongoing
+/// event, calls `release`, then checks that every reading of the test maps to `cause` by
+/// `table` (else fails with `why`), that the live blocked-cause gauge and the event say
+/// `cause`, and that the cause was counted once. Returns the event.
+fn blocked_create(
+    agent: &Agent,
+    release: impl FnOnce(),
+    table: &[(&str, &str)],
+    cause: &str,
+    why: &str,
+) -> Value {
+    let readings = watch(
+        agent,
+        "create",
+        &["create"],
+        0.3,
+        Duration::from_secs(20),
+        |r| r.len() >= 10,
+    );
+    let live = agent.scrape();
+    let ev = event_of(agent, "create", "create", Some(true));
+    release();
+    let mine = derive(&readings, "create", table);
+    assert_eq!(
+        mine.get(cause).copied(),
+        Some(readings.len()),
+        "{why}: {readings:?}"
+    );
+    let blocked = live.series("stallwatch_probe_blocked_cause");
+    assert!(
+        blocked
+            .iter()
+            .any(|(l, v)| *v == 1.0 && l["op"] == "create" && l["cause"] == cause),
+        "live cause of the blocked create: {blocked:?}"
+    );
+    let ev = ev.expect("an ongoing create stall");
+    check_event(&ev, cause);
+    assert_eq!(counted(agent, "create", "create", cause), 1.0);
+    ev
+}
+
 #[test]
 fn a_frozen_filesystem_is_diagnosed_frozen() {
     if !require_root("a_frozen_filesystem_is_diagnosed_frozen") {
@@ -180,37 +221,21 @@ fn a_frozen_filesystem_is_diagnosed_frozen() {
     let agent = Agent::start(&config(fs.path(), "create"));
     assert!(agent.wait_up("t"));
     fs.freeze();
-    let readings = watch(
+    let mut page = String::new();
+    let ev = blocked_create(
         &agent,
-        "create",
-        &["create"],
-        0.3,
-        Duration::from_secs(20),
-        |r| r.len() >= 10,
+        || {
+            page = agent.get("/").1;
+            fs.thaw();
+        },
+        &[("percpu_rwsem_wait", "frozen")],
+        "frozen",
+        "every reading of a frozen create waits on the freeze rwsem",
     );
-    let live = agent.scrape();
-    let ev = event_of(&agent, "create", "create", Some(true));
-    let (_, page, _) = agent.get("/");
-    fs.thaw();
     assert!(
         page.contains("in percpu_rwsem_wait (filesystem frozen)"),
         "the landing page's stall table shows the verdict: {page}"
     );
-    let mine = derive(&readings, "create", &[("percpu_rwsem_wait", "frozen")]);
-    assert_eq!(
-        mine.get("frozen").copied(),
-        Some(readings.len()),
-        "every reading of a frozen create waits on the freeze rwsem: {readings:?}"
-    );
-    let blocked = live.series("stallwatch_probe_blocked_cause");
-    assert!(
-        blocked
-            .iter()
-            .any(|(l, v)| *v == 1.0 && l["op"] == "create" && l["cause"] == "frozen"),
-        "live cause of the blocked create: {blocked:?}"
-    );
-    let ev = ev.expect("an ongoing create stall");
-    check_event(&ev, "frozen");
     assert!(
         ev["verdict"]
             .as_str()
@@ -218,7 +243,6 @@ fn a_frozen_filesystem_is_diagnosed_frozen() {
             .contains("(filesystem frozen)"),
         "{ev}"
     );
-    assert_eq!(counted(&agent, "create", "create", "frozen"), 1.0);
     // The log line that ends the stall carries the verdict.
     assert!(
         agent.wait_log("stall ended", Duration::from_secs(10)),
@@ -246,39 +270,6 @@ const WRITEBACK_TABLE: &[(&str, &str)] = &[
     ("xlog_*", "journal"),
     ("xfs_log_force*", "journal"),
 ];
-
-/// Random 4 KiB buffered writes into a 64 MiB file, writeback started every 2 MiB so
-/// the device queue stays full (the load of tests/lanes.rs). Bounded in bytes and time.
-fn random_writer(path: &Path, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    let path = path.to_owned();
-    std::thread::spawn(move || {
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(64 << 20).unwrap();
-        let buf = vec![0x5au8; 4096];
-        let t0 = Instant::now();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        for i in 0..12288u64 {
-            if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(50) {
-                break;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let off = (x % (16384 - 1)) * 4096;
-            nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
-            if i % 512 == 511 {
-                nix::fcntl::posix_fadvise(
-                    f.as_fd(),
-                    0,
-                    0,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                )
-                .unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    })
-}
 
 /// Sequential 1 MiB buffered writes into one file, up to 32 MiB or 50 s.
 fn streaming_writer(path: &Path, stop: Arc<AtomicBool>) -> JoinHandle<()> {
@@ -364,7 +355,13 @@ fn a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback() {
     assert!(agent.wait_up("t"));
     fs.throttle_write_bps(1 << 20);
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = random_writer(&fs.path().join("big"), Arc::clone(&stop));
+    let writer = random_writer(
+        &fs.path().join("big"),
+        Arc::clone(&stop),
+        12288,
+        Duration::from_secs(50),
+        Kick::FadviseDontneed,
+    );
     writeback_case(
         &mut fs,
         &agent,
@@ -740,37 +737,13 @@ fn a_fuse_server_that_stops_answering_is_diagnosed_remote() {
     let agent = Agent::start(&config(&fuse.mnt, "create"));
     assert!(agent.wait_up("t"), "{}", agent.log_tail(20));
     fuse.hang.store(true, Ordering::Relaxed);
-    let readings = watch(
+    blocked_create(
         &agent,
-        "create",
-        &["create"],
-        0.3,
-        Duration::from_secs(20),
-        |r| r.len() >= 10,
-    );
-    let live = agent.scrape();
-    let ev = event_of(&agent, "create", "create", Some(true));
-    fuse.hang.store(false, Ordering::Relaxed);
-    let mine = derive(
-        &readings,
-        "create",
+        || fuse.hang.store(false, Ordering::Relaxed),
         &[("request_wait_answer", "remote"), ("fuse_*", "remote")],
+        "remote",
+        "a create on an unanswered FUSE server waits for the answer",
     );
-    assert_eq!(
-        mine.get("remote").copied(),
-        Some(readings.len()),
-        "a create on an unanswered FUSE server waits for the answer: {readings:?}"
-    );
-    let blocked = live.series("stallwatch_probe_blocked_cause");
-    assert!(
-        blocked
-            .iter()
-            .any(|(l, v)| *v == 1.0 && l["op"] == "create" && l["cause"] == "remote"),
-        "live cause of the blocked create: {blocked:?}"
-    );
-    let ev = ev.expect("an ongoing create stall");
-    check_event(&ev, "remote");
-    assert_eq!(counted(&agent, "create", "create", "remote"), 1.0);
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
             event_of(&agent, "create", "create", Some(false)).is_some()

@@ -5,14 +5,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
 
 fn stalls(agent: &Agent) -> Vec<Value> {
@@ -37,40 +35,6 @@ fn cycles(m: &Metrics, target: &str, mode: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-/// Random 4 KiB buffered writes into a 64 MiB file, starting writeback every 2 MiB so
-/// the device queue stays full (the fsync-tester load). Bounded in bytes and time.
-fn random_writer(path: &Path, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    let path = path.to_owned();
-    std::thread::spawn(move || {
-        let f = std::fs::File::create(&path).unwrap();
-        f.set_len(64 << 20).unwrap();
-        let buf = vec![0x5au8; 4096];
-        let t0 = Instant::now();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        for i in 0..12288u64 {
-            if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(60) {
-                break;
-            }
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let off = (x % (16384 - 1)) * 4096;
-            nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
-            if i % 512 == 511 {
-                // DONTNEED starts writeback of the dirty range without waiting for it.
-                nix::fcntl::posix_fadvise(
-                    f.as_fd(),
-                    0,
-                    0,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                )
-                .unwrap();
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    })
-}
-
 /// The question of every stall: is only fsync stuck, or everything? A throttled XFS
 /// with a random buffered writer holds the overwrite lane's fsync for seconds; the
 /// create lane of the same target keeps its schedule meanwhile.
@@ -88,7 +52,13 @@ fn a_blocked_fsync_does_not_stop_the_create_lane_of_its_target() {
     assert!(agent.wait_up("slow"));
     fs.throttle_write_bps(1 << 20);
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = random_writer(&fs.path().join("big"), Arc::clone(&stop));
+    let writer = random_writer(
+        &fs.path().join("big"),
+        Arc::clone(&stop),
+        12288,
+        Duration::from_secs(60),
+        Kick::FadviseDontneed,
+    );
 
     // From the first scrape that shows the fsync blocked until it has been blocked for
     // 10 s: the create cycles completed in that window against those scheduled.

@@ -6,10 +6,13 @@
 //!
 //! Needs: jsonnet, promtool. A missing tool fails the test with the install command.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::{repo, tool};
 use serde_json::Value;
 
 /// The files scripts/build-mixin writes, relative to the repository (or its output dir).
@@ -19,20 +22,6 @@ const GENERATED: &[&str] = &[
     "grafana/stallwatch.json",
     "grafana/stallwatch-fleet.json",
 ];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-fn tool(name: &str, install: &str) -> PathBuf {
-    which(name).unwrap_or_else(|| panic!("`{name}` not found: install it ({install})"))
-}
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{require_root, wait_until, Agent, LoopFs};
+use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs};
 use serde_json::Value;
 
 fn stalls(agent: &Agent) -> Vec<Value> {
@@ -75,38 +74,13 @@ fn fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing() {
     // The writer: random 4 KiB buffered writes into a 64 MiB file, starting writeback
     // every 2 MiB so the device queue stays full. Bounded in bytes and time.
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (stop, path) = (Arc::clone(&stop), fs.path().join("big"));
-        std::thread::spawn(move || {
-            let f = std::fs::File::create(&path).unwrap();
-            f.set_len(64 << 20).unwrap();
-            let buf = vec![0x5au8; 4096];
-            let t0 = Instant::now();
-            let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-            for i in 0..6144u64 {
-                if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(40) {
-                    break;
-                }
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let off = (x % (16384 - 1)) * 4096;
-                nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
-                if i % 512 == 511 {
-                    // SAFETY: a plain syscall on a descriptor we own.
-                    unsafe {
-                        nix::libc::sync_file_range(
-                            std::os::fd::AsRawFd::as_raw_fd(&f),
-                            0,
-                            0,
-                            nix::libc::SYNC_FILE_RANGE_WRITE,
-                        );
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        })
-    };
+    let writer = random_writer(
+        &fs.path().join("big"),
+        Arc::clone(&stop),
+        6144,
+        Duration::from_secs(40),
+        Kick::SyncFileRange,
+    );
 
     // Watch for the stall while it is ongoing; keep the gauges seen meanwhile.
     let t0 = Instant::now();

@@ -23,29 +23,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_root, wait_until, LoopFs, Metrics};
+use common::{repo, require_root, tool, wait_until, LoopFs, Metrics};
 
 const CACHE_DEFAULT: &str = "/var/cache/stallwatch-tests/bookworm-systemd";
 const CACHE_ENV: &str = "STALLWATCH_SYSTEMD_ROOT_CACHE";
 const SUITE: &str = "bookworm";
 const INCLUDE: &str = "systemd,systemd-sysv,dbus,curl,adduser";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-fn tool(name: &str, install: &str) {
-    assert!(
-        which(name).is_some(),
-        "`{name}` not found: install it ({install})"
-    );
-}
 
 /// `cmd` under `timeout`; (success, stdout, stderr).
 fn exec(secs: u64, cmd: &mut Command) -> (bool, String, String) {

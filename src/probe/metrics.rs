@@ -364,6 +364,32 @@ fn label(name: &str, value: &str) -> prometheus::proto::LabelPair {
     l
 }
 
+/// The description of a scrape-time collector's one family, with these variable labels.
+fn desc(name: &str, help: &str, labels: &[&str]) -> Desc {
+    let labels = labels.iter().map(|l| l.to_string()).collect();
+    Desc::new(name.into(), help.into(), labels, Default::default()).expect("valid desc")
+}
+
+/// One gauge sample; `labels` sorted by name, as the encoder expects.
+fn gauge(value: f64, labels: Vec<prometheus::proto::LabelPair>) -> prometheus::proto::Metric {
+    let mut g = prometheus::proto::Gauge::default();
+    g.set_value(value);
+    let mut m = prometheus::proto::Metric::default();
+    m.set_label(labels);
+    m.set_gauge(g);
+    m
+}
+
+/// A gauge family built at scrape time.
+fn gauge_family(name: &str, help: &str, metrics: Vec<prometheus::proto::Metric>) -> MetricFamily {
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_owned());
+    family.set_help(help.to_owned());
+    family.set_field_type(prometheus::proto::MetricType::GAUGE);
+    family.set_metric(metrics);
+    family
+}
+
 /// `stallwatch_probe_blocked_cause`: 1 for each call blocked past its sampling point
 /// right now, labelled with the cause its wait-point samples give so far; no series
 /// while nothing is blocked. Computed at scrape time from the lanes.
@@ -379,13 +405,7 @@ impl BlockedCause {
         so far (unknown before the first sample); absent while no call is blocked.";
 
     fn new(targets: Arc<Targets>) -> BlockedCause {
-        let desc = Desc::new(
-            Self::NAME.into(),
-            Self::HELP.into(),
-            vec!["target".into(), "mode".into(), "op".into(), "cause".into()],
-            Default::default(),
-        )
-        .expect("valid desc");
+        let desc = desc(Self::NAME, Self::HELP, &["target", "mode", "op", "cause"]);
         BlockedCause { targets, desc }
     }
 }
@@ -396,7 +416,6 @@ impl Collector for BlockedCause {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        use prometheus::proto::{Gauge, Metric, MetricType};
         let mut metrics = Vec::new();
         for t in self.targets.current().iter() {
             let from = sampling_point(t.target.stall_threshold);
@@ -404,25 +423,18 @@ impl Collector for BlockedCause {
                 let Some(op) = lane.inflight.current().filter(|op| op.age >= from) else {
                     continue;
                 };
-                let mut g = Gauge::default();
-                g.set_value(1.0);
-                let mut m = Metric::default();
-                m.set_label(vec![
-                    label("cause", lane.waits.cause_of(op.seq).as_str()),
-                    label("mode", op.mode.as_str()),
-                    label("op", op.op.as_str()),
-                    label("target", &t.target.name),
-                ]);
-                m.set_gauge(g);
-                metrics.push(m);
+                metrics.push(gauge(
+                    1.0,
+                    vec![
+                        label("cause", lane.waits.cause_of(op.seq).as_str()),
+                        label("mode", op.mode.as_str()),
+                        label("op", op.op.as_str()),
+                        label("target", &t.target.name),
+                    ],
+                ));
             }
         }
-        let mut family = MetricFamily::default();
-        family.set_name(Self::NAME.to_owned());
-        family.set_help(Self::HELP.to_owned());
-        family.set_field_type(MetricType::GAUGE);
-        family.set_metric(metrics);
-        vec![family]
+        vec![gauge_family(Self::NAME, Self::HELP, metrics)]
     }
 }
 
@@ -439,13 +451,7 @@ impl Inflight {
         computed at scrape time, so it grows while the call is blocked in the kernel.";
 
     fn new(targets: Arc<Targets>) -> Inflight {
-        let desc = Desc::new(
-            Self::NAME.into(),
-            Self::HELP.into(),
-            vec!["target".into(), "mode".into(), "op".into()],
-            Default::default(),
-        )
-        .expect("valid desc");
+        let desc = desc(Self::NAME, Self::HELP, &["target", "mode", "op"]);
         Inflight { targets, desc }
     }
 }
@@ -456,7 +462,6 @@ impl Collector for Inflight {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        use prometheus::proto::{Gauge, Metric, MetricType};
         // Built directly rather than through a GaugeVec: no hashing or locking per
         // scrape. Labels sorted by name, as the encoder expects.
         let mut metrics = Vec::new();
@@ -470,23 +475,16 @@ impl Collector for Inflight {
                     .iter()
                     .find(|c| c.mode == mode && c.op == op)
                     .map_or(0.0, |c| c.age.as_secs_f64());
-                let mut g = Gauge::default();
-                g.set_value(age);
-                let mut m = Metric::default();
-                m.set_label(vec![
-                    label("mode", mode.as_str()),
-                    label("op", op.as_str()),
-                    label("target", &t.target.name),
-                ]);
-                m.set_gauge(g);
-                metrics.push(m);
+                metrics.push(gauge(
+                    age,
+                    vec![
+                        label("mode", mode.as_str()),
+                        label("op", op.as_str()),
+                        label("target", &t.target.name),
+                    ],
+                ));
             }
         }
-        let mut family = MetricFamily::default();
-        family.set_name(Self::NAME.to_owned());
-        family.set_help(Self::HELP.to_owned());
-        family.set_field_type(MetricType::GAUGE);
-        family.set_metric(metrics);
-        vec![family]
+        vec![gauge_family(Self::NAME, Self::HELP, metrics)]
     }
 }

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -82,6 +83,23 @@ fn describe(prog: &str, args: &[&str]) -> String {
         .chain(args.iter().copied())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The repository (the crate's manifest directory).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An executable in PATH.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Finds an executable in PATH, or fails with how to install it.
+pub fn tool(name: &str, install: &str) -> PathBuf {
+    which(name).unwrap_or_else(|| panic!("`{name}` not found: install it ({install})"))
 }
 
 /// Runs `timeout -k 5 SECS prog args...`; returns stdout on success, or an error that
@@ -1255,4 +1273,69 @@ pub fn wait_until(timeout: Duration, poll: Duration, mut f: impl FnMut() -> bool
         }
         thread::sleep(poll.min(deadline - now));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Load
+// ---------------------------------------------------------------------------------------
+
+/// How [`random_writer`] starts writeback of what it dirtied, without waiting for it.
+#[derive(Clone, Copy, Debug)]
+pub enum Kick {
+    /// `posix_fadvise(POSIX_FADV_DONTNEED)` over the whole file.
+    FadviseDontneed,
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)` over the whole file.
+    SyncFileRange,
+}
+
+/// The fsync-tester load: random 4 KiB buffered writes into a 64 MiB file at `path`,
+/// starting writeback (`kick`) every 2 MiB so the device queue stays full. Bounded:
+/// at most `writes` writes and `limit` of time; stops early when `stop` is set.
+pub fn random_writer(
+    path: &Path,
+    stop: Arc<AtomicBool>,
+    writes: u64,
+    limit: Duration,
+    kick: Kick,
+) -> thread::JoinHandle<()> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let path = path.to_owned();
+    thread::spawn(move || {
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let buf = vec![0x5au8; 4096];
+        let t0 = Instant::now();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in 0..writes {
+            if stop.load(Ordering::Relaxed) || t0.elapsed() > limit {
+                break;
+            }
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let off = (x % (16384 - 1)) * 4096;
+            nix::sys::uio::pwrite(f.as_fd(), &buf, off as i64).unwrap();
+            if i % 512 == 511 {
+                match kick {
+                    Kick::FadviseDontneed => nix::fcntl::posix_fadvise(
+                        f.as_fd(),
+                        0,
+                        0,
+                        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                    )
+                    .unwrap(),
+                    // SAFETY: a plain syscall on a descriptor we own.
+                    Kick::SyncFileRange => unsafe {
+                        nix::libc::sync_file_range(
+                            f.as_raw_fd(),
+                            0,
+                            0,
+                            nix::libc::SYNC_FILE_RANGE_WRITE,
+                        );
+                    },
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    })
 }
