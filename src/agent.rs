@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::{Config, Source};
-use crate::host::HostInfo;
 use crate::history::History;
+use crate::host::HostInfo;
 use crate::kernfs::Roots;
 use crate::metrics;
 use crate::probe::{self, Context, ProbeMetrics};
