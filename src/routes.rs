@@ -415,7 +415,7 @@ impl JsonOut {
         let mut frac = ns % 1000;
         if frac != 0 {
             let mut digits = 3;
-            while frac % 10 == 0 {
+            while frac.is_multiple_of(10) {
                 frac /= 10;
                 digits -= 1;
             }
