@@ -4,7 +4,7 @@
 //! loop) is `web/`.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use axum::extract::{Query, State};
@@ -18,6 +18,7 @@ use crate::history::{self, History};
 use crate::metrics;
 use crate::probe::{State as TargetState, Targets};
 use crate::stalls::StallLog;
+use crate::sync::lock;
 
 /// Events listed on the landing page; `/api/stalls` has them all.
 const PAGE_EVENTS: usize = 50;
@@ -35,6 +36,27 @@ pub struct App {
     pub telemetry_path: String,
     /// `--web.enable-lifecycle`: what `POST /-/reload` calls; None when off.
     pub reload: Option<ReloadFn>,
+    /// The stall events as `/api/history` last serialized them.
+    pub stalls_json: Mutex<Option<StallsJson>>,
+}
+
+/// The stall events serialized once per change of the log (while none is ongoing, as
+/// an ongoing one changes as it lasts): a first load then copies bytes instead of
+/// cloning and serializing up to 256 events with their context.
+pub struct StallsJson {
+    version: u64,
+    json: Vec<u8>,
+    /// Each event's end (Unix seconds) and its bytes in `json`, newest first.
+    events: Vec<(f64, std::ops::Range<usize>)>,
+}
+
+/// Unix seconds at which `e` ended (or its age so far, while ongoing).
+fn event_end(e: &crate::stalls::StallEvent) -> f64 {
+    e.started_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+        + e.duration_seconds
 }
 
 /// The router over `state`. Only GET and HEAD are routed, and POST/PUT to `/-/reload`:
@@ -512,28 +534,49 @@ fn history_body(
     let from = from - from % step;
     let current = app.targets.current();
     // Events that were ongoing, started or ended in the window, unless the page has
-    // them already: the page merges them by (target, mode, op, started_at).
-    let (version, events) = app.stalls.events_if_changed(stalls_version);
-    let events: Option<Vec<_>> = events.map(|events| {
-        events
-            .into_iter()
-            .filter(|e| {
-                let end = e
-                    .started_at
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs_f64()
-                    + e.duration_seconds;
-                e.ongoing || end >= from as f64
-            })
-            .collect()
+    // them already: the page merges them by (target, mode, op, started_at). Without
+    // a stalls_version, the serialized events serve while the log has not changed.
+    let mut cache = lock(&app.stalls_json);
+    let known = stalls_version.or(cache.as_ref().map(|c| c.version));
+    let (version, events) = app.stalls.events_if_changed(known);
+    let events = match events {
+        None if stalls_version.is_some() => None,
+        None => Some(None),
+        Some(ev) if ev.iter().any(|e| e.ongoing) => Some(Some(ev)),
+        Some(ev) => {
+            if cache.as_ref().is_none_or(|c| c.version != version) {
+                let mut c = StallsJson {
+                    version,
+                    json: Vec::with_capacity(ev.len() * 640),
+                    events: Vec::with_capacity(ev.len()),
+                };
+                for e in &ev {
+                    let start = c.json.len();
+                    serde_json::to_writer(&mut c.json, e).expect("serializable");
+                    c.events.push((event_end(e), start..c.json.len()));
+                }
+                *cache = Some(c);
+            }
+            Some(None)
+        }
+    };
+    let events: Option<Option<Vec<_>>> = events.map(|ev| {
+        ev.map(|ev| {
+            ev.into_iter()
+                .filter(|e| e.ongoing || event_end(e) >= from as f64)
+                .collect()
+        })
     });
     // Sized once: a first load of an hour is about 25 bytes a point, an event 600.
     let points = if since.is_some() { 8 } else { range / step + 2 } as usize;
     let series: usize = current.iter().map(|t| t.ops.len()).sum();
-    let n_events = events.as_ref().map_or(0, |e| e.len());
+    let n_events = match &events {
+        Some(Some(e)) => e.len() * 640,
+        Some(None) => cache.as_ref().map_or(0, |c| c.json.len()),
+        None => 0,
+    };
     let mut o = JsonOut(Vec::with_capacity(
-        4096 + series * points * 28 + points * 80 + n_events * 640,
+        4096 + series * points * 28 + points * 80 + n_events,
     ));
     let _ = write!(
         o,
@@ -612,9 +655,27 @@ fn history_body(
     o.column("io_pressure_full_ratio", &k, |o, p| o.ratio(p.io_full));
     o.raw("}");
     let _ = write!(o, ",\"stalls_version\":{version}");
-    if let Some(events) = events {
-        o.raw(",\"stalls\":");
-        serde_json::to_writer(&mut o.0, &events).expect("serializable");
+    match events {
+        Some(Some(events)) => {
+            o.raw(",\"stalls\":");
+            serde_json::to_writer(&mut o.0, &events).expect("serializable");
+        }
+        Some(None) => {
+            let c = cache.as_ref().expect("cached just above");
+            o.raw(",\"stalls\":[");
+            let mut first = true;
+            for (end, r) in &c.events {
+                if *end >= from as f64 {
+                    if !first {
+                        o.0.push(b',');
+                    }
+                    first = false;
+                    o.0.extend_from_slice(&c.json[r.clone()]);
+                }
+            }
+            o.0.push(b']');
+        }
+        None => {}
     }
     o.raw("}");
     o.0
@@ -737,6 +798,7 @@ mod tests {
             history,
             telemetry_path: "/metrics".into(),
             reload: None,
+            stalls_json: Mutex::default(),
         };
         (app, rss)
     }
@@ -803,6 +865,14 @@ mod tests {
         assert_eq!(k["dirty_background_threshold_bytes"][10], 2u64 << 30);
         assert!((k["io_pressure_some_ratio"][10].as_f64().unwrap() - 0.1).abs() < 1e-6);
         assert_eq!(v["stalls"].as_array().unwrap().len(), 256);
+        // The second answer copies the events serialized for the first: the same JSON.
+        let again: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(300), None, None)).unwrap();
+        assert_eq!(
+            again["stalls"],
+            serde_json::to_value(app.stalls.events()).unwrap()
+        );
+        assert_eq!(again["stalls"], v["stalls"]);
         let hour: serde_json::Value =
             serde_json::from_str(&history_json(&app, None, Some(3600), None, None)).unwrap();
         assert_eq!(hour["step"], 10);
