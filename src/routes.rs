@@ -415,7 +415,7 @@ impl JsonOut {
     }
 
     /// Seconds as microseconds to the nanosecond, without trailing zeros: 4 significant
-    /// digits (as kept) in at most 8 characters, `0.00001897` as `18.97`.
+    /// digits (as kept), `0.00001897` as `18.97`.
     fn micros(&mut self, seconds: f32) {
         if !seconds.is_finite() || seconds < 0.0 {
             self.raw("null");
