@@ -14,6 +14,7 @@
     targets: [], // [{name, path, state, detail, stall_threshold_seconds, in_flight, series: [{mode, op, points}]}]
     kernel: [],
     stalls: {}, // key -> event
+    stallsVersion: null, // the stall log's version in the last answer
     now: 0, // agent's Unix seconds at the last answer
     fetchedAt: 0, // performance.now() at the last answer
     charts: {}, // "target|mode|op" -> uPlot, and "kernel", "psi"
@@ -85,6 +86,41 @@
     return keep.concat(fresh);
   }
 
+  // The answer's columns (README, "/api/history") as one array per point.
+  function us(v) {
+    return v == null ? null : v / 1e6;
+  }
+  // A series: [t, min, p50, max, count] in Unix seconds and seconds. `t` counts from
+  // `from`, each point from the one before; a point of one call has no median or min
+  // of its own (they are the call).
+  function latencyPoints(from, s) {
+    var out = [], t = from, j = 0;
+    for (var i = 0; i < s.t.length; i++) {
+      t += s.t[i];
+      var max = us(s.max_us[i]), p50 = max, min = max;
+      if (s.count[i] > 1) {
+        p50 = us(s.p50_us[j]);
+        min = us(s.min_us[j]);
+        j++;
+      }
+      out.push([t, min, p50, max, s.count[i]]);
+    }
+    return out;
+  }
+  var KERNEL_COLUMNS = ['dirty_bytes', 'writeback_bytes', 'dirty_background_threshold_bytes',
+    'dirty_threshold_bytes', 'io_pressure_some_ratio', 'io_pressure_full_ratio'];
+  // The kernel: [t, dirty, writeback, background threshold, threshold, some, full].
+  function kernelPoints(from, k) {
+    var out = [], t = from;
+    for (var i = 0; i < k.t.length; i++) {
+      t += k.t[i];
+      var p = [t];
+      for (var c = 0; c < KERNEL_COLUMNS.length; c++) p.push(k[KERNEL_COLUMNS[c]][i]);
+      out.push(p);
+    }
+    return out;
+  }
+
   function apply(d, full) {
     S.now = d.now;
     S.fetchedAt = performance.now();
@@ -93,16 +129,20 @@
     S.targets.forEach(function (t) { byName[t.name] = t; });
     S.targets = d.targets.map(function (t) {
       var old = full ? null : byName[t.name];
-      t.series.forEach(function (s) {
+      t.series = t.series.map(function (s) {
+        var fresh = latencyPoints(d.from, s);
         var os = old && old.series.find(function (x) { return x.mode === s.mode && x.op === s.op; });
-        var pts = os ? merge(os.points, s.points, d.from) : s.points;
-        s.points = pts.filter(function (p) { return p[0] >= cut; });
+        var pts = os ? merge(os.points, fresh, d.from) : fresh;
+        return { mode: s.mode, op: s.op, points: pts.filter(function (p) { return p[0] >= cut; }) };
       });
       return t;
     });
-    S.kernel = (full ? d.kernel : merge(S.kernel, d.kernel, d.from)).filter(function (p) { return p[0] >= cut; });
+    var kernel = kernelPoints(d.from, d.kernel);
+    S.kernel = (full ? kernel : merge(S.kernel, kernel, d.from)).filter(function (p) { return p[0] >= cut; });
     if (full) S.stalls = {};
-    d.stalls.forEach(function (e) { S.stalls[stallKey(e)] = e; });
+    // Left out when the log has not changed since the stalls_version this poll sent.
+    S.stallsVersion = d.stalls_version;
+    (d.stalls || []).forEach(function (e) { S.stalls[stallKey(e)] = e; });
     for (var k in S.stalls) {
       var e = S.stalls[k];
       if (!e.ongoing && unixOf(e.started_at) + e.duration_seconds < cut) delete S.stalls[k];
@@ -136,7 +176,10 @@
     // From the origin, not the document's URL: that may carry user:password@, which
     // fetch refuses; the browser sends the credentials it holds for the origin.
     var q = location.origin + '/api/history?range=' + S.range + '&step=' + S.step;
-    if (!full && S.from != null) q += '&since=' + S.from;
+    if (!full && S.from != null) {
+      q += '&since=' + S.from;
+      if (S.stallsVersion != null) q += '&stalls_version=' + S.stallsVersion;
+    }
     fetch(q, { credentials: 'same-origin', cache: 'no-store' })
       .then(function (r) {
         if (!r.ok) throw new Error('HTTP ' + r.status);

@@ -155,6 +155,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         history,
         telemetry_path,
         reload,
+        stalls_json: std::sync::Mutex::default(),
     }));
     for addr in &bound {
         info!(address = %addr, tls = web.tls_enabled(), basic_auth = web.auth_enabled(),

@@ -4,7 +4,7 @@
 //! loop) is `web/`.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use axum::extract::{Query, State};
@@ -18,6 +18,7 @@ use crate::history::{self, History};
 use crate::metrics;
 use crate::probe::{State as TargetState, Targets};
 use crate::stalls::StallLog;
+use crate::sync::lock;
 
 /// Events listed on the landing page; `/api/stalls` has them all.
 const PAGE_EVENTS: usize = 50;
@@ -35,6 +36,27 @@ pub struct App {
     pub telemetry_path: String,
     /// `--web.enable-lifecycle`: what `POST /-/reload` calls; None when off.
     pub reload: Option<ReloadFn>,
+    /// The stall events as `/api/history` last serialized them.
+    pub stalls_json: Mutex<Option<StallsJson>>,
+}
+
+/// The stall events serialized once per change of the log (while none is ongoing, as
+/// an ongoing one changes as it lasts): a first load then copies bytes instead of
+/// cloning and serializing up to 256 events with their context.
+pub struct StallsJson {
+    version: u64,
+    json: Vec<u8>,
+    /// Each event's end (Unix seconds) and its bytes in `json`, newest first.
+    events: Vec<(f64, std::ops::Range<usize>)>,
+}
+
+/// Unix seconds at which `e` ended (or its age so far, while ongoing).
+fn event_end(e: &crate::stalls::StallEvent) -> f64 {
+    e.started_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+        + e.duration_seconds
 }
 
 /// The router over `state`. Only GET and HEAD are routed, and POST/PUT to `/-/reload`:
@@ -368,69 +390,132 @@ struct HistoryQuery {
     range: Option<u32>,
     /// Seconds per point, 1-60; by default 1 up to a 5-minute range, else range/360.
     step: Option<u32>,
+    /// The `stalls_version` of an earlier answer: the events are left out when the log
+    /// has not changed since (and none is ongoing).
+    stalls_version: Option<u64>,
 }
 
-const LATENCY_COLUMNS: [&str; 5] = ["t", "min_seconds", "p50_seconds", "max_seconds", "count"];
-const KERNEL_COLUMNS: [&str; 7] = [
-    "t",
-    "dirty_bytes",
-    "writeback_bytes",
-    "dirty_background_threshold_bytes",
-    "dirty_threshold_bytes",
-    "io_pressure_some_ratio",
-    "io_pressure_full_ratio",
-];
+/// The answer is written straight into one buffer: a first load of an hour is 14 400
+/// points, and a `serde_json::Value` or a tuple per point costs more than the points.
+struct JsonOut(Vec<u8>);
 
-#[derive(serde::Serialize)]
-struct HistoryBody<'a> {
-    /// Unix seconds at the agent when the answer was made.
-    now: f64,
-    range: u32,
-    step: u32,
-    /// The first second the points cover (since or now - range, rounded down to a step).
-    from: u32,
-    latency_columns: [&'static str; 5],
-    kernel_columns: [&'static str; 7],
-    targets: Vec<TargetBody<'a>>,
-    kernel: Vec<(u32, u64, u64, u64, u64, f32, f32)>,
-    stalls: Vec<crate::stalls::StallEvent>,
+impl JsonOut {
+    fn raw(&mut self, s: &str) {
+        self.0.extend_from_slice(s.as_bytes());
+    }
+
+    fn int(&mut self, v: i64) {
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+    }
+
+    /// A JSON string, escaped as serde_json does.
+    fn str(&mut self, s: &str) {
+        serde_json::to_writer(&mut self.0, s).expect("a string serializes");
+    }
+
+    /// Seconds as microseconds to the nanosecond, without trailing zeros: 4 significant
+    /// digits (as kept), `0.00001897` as `18.97`.
+    fn micros(&mut self, seconds: f32) {
+        if !seconds.is_finite() || seconds < 0.0 {
+            self.raw("null");
+            return;
+        }
+        // Rounded half up without a libm call (this runs 43 200 times for an hour).
+        let mut ns = (seconds as f64 * 1e9 + 0.5) as u64;
+        // An f32 is exact to about 7 digits and the history keeps 4: past 6 digits of
+        // nanoseconds (1 ms and up) the float's noise is cut, 12.35 s is not 12350000.38 ms.
+        if ns >= 1_000_000 {
+            let (mut p, mut top) = (10u64, 10_000_000u64);
+            while ns >= top && top <= u64::MAX / 10 {
+                p *= 10;
+                top *= 10;
+            }
+            ns = (ns + p / 2) / p * p;
+        }
+        self.int((ns / 1000) as i64);
+        let mut frac = ns % 1000;
+        if frac != 0 {
+            let mut digits = 3;
+            while frac.is_multiple_of(10) {
+                frac /= 10;
+                digits -= 1;
+            }
+            let mut d = [b'.', b'0', b'0', b'0'];
+            for i in (1..=digits).rev() {
+                d[i] = b'0' + (frac % 10) as u8;
+                frac /= 10;
+            }
+            self.0.extend_from_slice(&d[..=digits]);
+        }
+    }
+
+    /// A ratio as kept (3 significant digits), `null` when unknown.
+    fn ratio(&mut self, v: f32) {
+        if v.is_finite() {
+            let _ = write!(self, "{v}");
+        } else {
+            self.raw("null");
+        }
+    }
+
+    /// `"key":[v,v,...]` from `f` over `items`.
+    fn column<T>(&mut self, key: &str, items: &[T], mut f: impl FnMut(&mut JsonOut, &T)) {
+        self.raw(",\"");
+        self.raw(key);
+        self.raw("\":[");
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                self.0.push(b',');
+            }
+            f(self, x);
+        }
+        self.0.push(b']');
+    }
+
+    /// The `t` column: the first point's offset from `from`, then each point's from the
+    /// one before, in seconds.
+    fn times(&mut self, from: u32, ts: impl Iterator<Item = u32>) {
+        self.raw("\"t\":[");
+        let mut prev = from;
+        for (i, t) in ts.enumerate() {
+            if i > 0 {
+                self.0.push(b',');
+            }
+            self.int(t as i64 - prev as i64);
+            prev = t;
+        }
+        self.0.push(b']');
+    }
 }
 
-#[derive(serde::Serialize)]
-struct TargetBody<'a> {
-    name: &'a str,
-    path: String,
-    state: &'static str,
-    /// The error of a failing target, empty otherwise.
-    detail: String,
-    interval_seconds: f64,
-    stall_threshold_seconds: f64,
-    in_flight: Vec<InFlightBody>,
-    series: Vec<SeriesBody>,
-}
-
-#[derive(serde::Serialize)]
-struct InFlightBody {
-    mode: &'static str,
-    op: &'static str,
-    age_seconds: f64,
-}
-
-#[derive(serde::Serialize)]
-struct SeriesBody {
-    mode: &'static str,
-    op: &'static str,
-    points: Vec<(u32, f32, f32, f32, u32)>,
+impl std::fmt::Write for JsonOut {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.raw(s);
+        Ok(())
+    }
 }
 
 /// Answers `/api/history` from the in-memory history; the handler only copies points
-/// out under the series' locks.
+/// out under the series' locks. The points are columns (README, "/api/history").
 pub fn history_json(
     app: &App,
     since: Option<f64>,
     range: Option<u32>,
     step: Option<u32>,
+    stalls_version: Option<u64>,
 ) -> String {
+    String::from_utf8(history_body(app, since, range, step, stalls_version))
+        .expect("the answer is UTF-8")
+}
+
+fn history_body(
+    app: &App,
+    since: Option<f64>,
+    range: Option<u32>,
+    step: Option<u32>,
+    stalls_version: Option<u64>,
+) -> Vec<u8> {
     let now = SystemTime::now();
     let now_s = now
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -447,97 +532,157 @@ pub fn history_json(
         .filter(|s| s.is_finite())
         .map_or(oldest, |s| (s.max(0.0) as u32).max(oldest));
     let from = from - from % step;
-    let mut targets = Vec::new();
     let current = app.targets.current();
-    for t in current.iter() {
+    // Events that were ongoing, started or ended in the window, unless the page has
+    // them already: the page merges them by (target, mode, op, started_at). Without
+    // a stalls_version, the serialized events serve while the log has not changed.
+    let mut cache = lock(&app.stalls_json);
+    let known = stalls_version.or(cache.as_ref().map(|c| c.version));
+    let (version, events) = app.stalls.events_if_changed(known);
+    let events = match events {
+        None if stalls_version.is_some() => None,
+        None => Some(None),
+        Some(ev) if ev.iter().any(|e| e.ongoing) => Some(Some(ev)),
+        Some(ev) => {
+            if cache.as_ref().is_none_or(|c| c.version != version) {
+                let mut c = StallsJson {
+                    version,
+                    json: Vec::with_capacity(ev.len() * 640),
+                    events: Vec::with_capacity(ev.len()),
+                };
+                for e in &ev {
+                    let start = c.json.len();
+                    serde_json::to_writer(&mut c.json, e).expect("serializable");
+                    c.events.push((event_end(e), start..c.json.len()));
+                }
+                *cache = Some(c);
+            }
+            Some(None)
+        }
+    };
+    let events: Option<Option<Vec<_>>> = events.map(|ev| {
+        ev.map(|ev| {
+            ev.into_iter()
+                .filter(|e| e.ongoing || event_end(e) >= from as f64)
+                .collect()
+        })
+    });
+    // Sized once: a first load of an hour is about 25 bytes a point, an event 600.
+    let points = if since.is_some() { 8 } else { range / step + 2 } as usize;
+    let series: usize = current.iter().map(|t| t.ops.len()).sum();
+    let n_events = match &events {
+        Some(Some(e)) => e.len() * 640,
+        Some(None) => cache.as_ref().map_or(0, |c| c.json.len()),
+        None => 0,
+    };
+    let mut o = JsonOut(Vec::with_capacity(
+        4096 + series * points * 28 + points * 80 + n_events,
+    ));
+    let _ = write!(
+        o,
+        "{{\"now\":{now_s:.3},\"range\":{range},\"step\":{step},\"from\":{from},\"targets\":["
+    );
+    for (i, t) in current.iter().enumerate() {
         let st = t.status();
         let detail = match &st.state {
-            TargetState::Failing(e) | TargetState::MountChanged(e) => e.clone(),
-            _ => String::new(),
+            TargetState::Failing(e) | TargetState::MountChanged(e) => e.as_str(),
+            _ => "",
         };
-        let series = app
-            .history
-            .target(t.index)
-            .map(|h| {
-                h.series
-                    .iter()
-                    .map(|s| SeriesBody {
-                        mode: s.mode.as_str(),
-                        op: s.op.as_str(),
-                        points: s
-                            .stepped(from, step)
-                            .into_iter()
-                            .map(|p| (p.t, p.min, p.p50, p.max, p.count))
-                            .collect(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        targets.push(TargetBody {
-            name: &t.target.name,
-            path: t.target.path.display().to_string(),
-            state: st.state.label(),
-            detail,
-            interval_seconds: t.target.interval.as_secs_f64(),
-            stall_threshold_seconds: t.target.stall_threshold.as_secs_f64(),
-            in_flight: t
-                .in_flight()
-                .iter()
-                .map(|c| InFlightBody {
-                    mode: c.mode.as_str(),
-                    op: c.op.as_str(),
-                    age_seconds: c.age.as_secs_f64(),
-                })
-                .collect(),
-            series,
-        });
+        if i > 0 {
+            o.raw(",");
+        }
+        o.raw("{\"name\":");
+        o.str(&t.target.name);
+        o.raw(",\"path\":");
+        o.str(&t.target.path.display().to_string());
+        o.raw(",\"state\":");
+        o.str(st.state.label());
+        o.raw(",\"detail\":");
+        o.str(detail);
+        let _ = write!(
+            o,
+            ",\"interval_seconds\":{},\"stall_threshold_seconds\":{},\"in_flight\":[",
+            t.target.interval.as_secs_f64(),
+            t.target.stall_threshold.as_secs_f64()
+        );
+        for (j, c) in t.in_flight().iter().enumerate() {
+            let _ = write!(
+                o,
+                "{}{{\"mode\":\"{}\",\"op\":\"{}\",\"age_seconds\":{:.3}}}",
+                if j > 0 { "," } else { "" },
+                c.mode.as_str(),
+                c.op.as_str(),
+                c.age.as_secs_f64()
+            );
+        }
+        o.raw("],\"series\":[");
+        if let Some(h) = app.history.target(t.index) {
+            for (j, s) in h.series.iter().enumerate() {
+                let p = s.stepped(from, step);
+                let _ = write!(
+                    o,
+                    "{}{{\"mode\":\"{}\",\"op\":\"{}\",",
+                    if j > 0 { "," } else { "" },
+                    s.mode.as_str(),
+                    s.op.as_str()
+                );
+                o.times(from, p.iter().map(|p| p.t));
+                o.column("count", &p, |o, p| o.int(p.count as i64));
+                o.column("max_us", &p, |o, p| o.micros(p.max));
+                // A point of one call is that call: min = median = max.
+                let many: Vec<_> = p.iter().filter(|p| p.count > 1).collect();
+                o.column("p50_us", &many, |o, p| o.micros(p.p50));
+                o.column("min_us", &many, |o, p| o.micros(p.min));
+                o.raw("}");
+            }
+        }
+        o.raw("]}");
     }
-    let kernel = history::step_kernel(&app.history.kernel_since(from), step)
-        .into_iter()
-        .map(|p| {
-            (
-                p.t,
-                p.dirty_bytes,
-                p.writeback_bytes,
-                p.dirty_background_threshold_bytes,
-                p.dirty_threshold_bytes,
-                p.io_some,
-                p.io_full,
-            )
-        })
-        .collect();
-    // Events that were ongoing, started or ended in the window: the page merges them by
-    // (target, mode, op, started_at).
-    let stalls = app
-        .stalls
-        .events()
-        .into_iter()
-        .filter(|e| {
-            let end = e
-                .started_at
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64()
-                + e.duration_seconds;
-            e.ongoing || end >= from as f64
-        })
-        .collect();
-    let body = HistoryBody {
-        now: now_s,
-        range,
-        step,
-        from,
-        latency_columns: LATENCY_COLUMNS,
-        kernel_columns: KERNEL_COLUMNS,
-        targets,
-        kernel,
-        stalls,
-    };
-    serde_json::to_string(&body).expect("serializable")
+    o.raw("],\"kernel\":{");
+    let k = history::step_kernel(&app.history.kernel_since(from), step);
+    o.times(from, k.iter().map(|p| p.t));
+    o.column("dirty_bytes", &k, |o, p| o.int(p.dirty_bytes as i64));
+    o.column("writeback_bytes", &k, |o, p| {
+        o.int(p.writeback_bytes as i64)
+    });
+    o.column("dirty_background_threshold_bytes", &k, |o, p| {
+        o.int(p.dirty_background_threshold_bytes as i64)
+    });
+    o.column("dirty_threshold_bytes", &k, |o, p| {
+        o.int(p.dirty_threshold_bytes as i64)
+    });
+    o.column("io_pressure_some_ratio", &k, |o, p| o.ratio(p.io_some));
+    o.column("io_pressure_full_ratio", &k, |o, p| o.ratio(p.io_full));
+    o.raw("}");
+    let _ = write!(o, ",\"stalls_version\":{version}");
+    match events {
+        Some(Some(events)) => {
+            o.raw(",\"stalls\":");
+            serde_json::to_writer(&mut o.0, &events).expect("serializable");
+        }
+        Some(None) => {
+            let c = cache.as_ref().expect("cached just above");
+            o.raw(",\"stalls\":[");
+            let mut first = true;
+            for (end, r) in &c.events {
+                if *end >= from as f64 {
+                    if !first {
+                        o.0.push(b',');
+                    }
+                    first = false;
+                    o.0.extend_from_slice(&c.json[r.clone()]);
+                }
+            }
+            o.0.push(b']');
+        }
+        None => {}
+    }
+    o.raw("}");
+    o.0
 }
 
 async fn api_history(State(app): State<Arc<App>>, Query(q): Query<HistoryQuery>) -> Response {
-    let body = history_json(&app, q.since, q.range, q.step);
+    let body = history_body(&app, q.since, q.range, q.step, q.stalls_version);
     (
         [
             (header::CONTENT_TYPE, "application/json"),
@@ -652,47 +797,162 @@ mod tests {
             history,
             telemetry_path: "/metrics".into(),
             reload: None,
+            stalls_json: Mutex::default(),
         };
         (app, rss)
+    }
+
+    /// Unix seconds of the points of `s`, a series or the kernel object, from its `t`
+    /// deltas and the answer's `from`.
+    fn times(v: &serde_json::Value, s: &serde_json::Value) -> Vec<u64> {
+        let mut t = v["from"].as_u64().unwrap();
+        s["t"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                t += d.as_u64().unwrap();
+                t
+            })
+            .collect()
     }
 
     #[test]
     fn the_history_answer_has_every_target_op_and_second() {
         let (app, _) = full_hour();
         let v: serde_json::Value =
-            serde_json::from_str(&history_json(&app, None, Some(300), None)).unwrap();
+            serde_json::from_str(&history_json(&app, None, Some(300), None, None)).unwrap();
         assert_eq!(v["step"], 1);
+        let from = v["from"].as_u64().unwrap();
         let targets = v["targets"].as_array().unwrap();
         assert_eq!(targets.len(), 8);
         for t in targets {
             let series = t["series"].as_array().unwrap();
             assert_eq!(series.len(), 5, "{}", t["name"]);
             for s in series {
-                let n = s["points"].as_array().unwrap().len();
+                let ts = times(&v, s);
+                let n = ts.len();
                 assert!((299..=301).contains(&n), "{n} points in 5 min at 1 s");
+                assert!(ts[0] >= from && ts.windows(2).all(|w| w[1] == w[0] + 1));
+                assert_eq!(s["count"].as_array().unwrap().len(), n);
+                assert_eq!(s["max_us"].as_array().unwrap().len(), n);
+                // One call a second: the call is its min, median and max.
+                assert!(s["count"].as_array().unwrap().iter().all(|c| c == 1));
+                assert_eq!(s["p50_us"].as_array().unwrap().len(), 0);
+                assert_eq!(s["min_us"].as_array().unwrap().len(), 0);
             }
         }
-        let k = v["kernel"].as_array().unwrap();
-        assert!((299..=301).contains(&k.len()), "{}", k.len());
-        assert_eq!(k[10][4], 4u64 << 30);
+        // The points are the history's, in microseconds.
+        let want = app.history.target(0).unwrap().series[0].since(from as u32);
+        let s = &targets[0]["series"][0];
+        assert_eq!(
+            times(&v, s),
+            want.iter().map(|p| p.t as u64).collect::<Vec<_>>()
+        );
+        for (got, p) in s["max_us"].as_array().unwrap().iter().zip(&want) {
+            let us = got.as_f64().unwrap();
+            assert!(
+                (us - p.max as f64 * 1e6).abs() < 1e-3,
+                "{us} µs for {} s",
+                p.max
+            );
+        }
+        let k = &v["kernel"];
+        let kt = times(&v, k);
+        assert!((299..=301).contains(&kt.len()), "{}", kt.len());
+        assert_eq!(k["dirty_threshold_bytes"][10], 4u64 << 30);
+        assert_eq!(k["dirty_background_threshold_bytes"][10], 2u64 << 30);
+        assert!((k["io_pressure_some_ratio"][10].as_f64().unwrap() - 0.1).abs() < 1e-6);
         assert_eq!(v["stalls"].as_array().unwrap().len(), 256);
+        // The second answer copies the events serialized for the first: the same JSON.
+        let again: serde_json::Value =
+            serde_json::from_str(&history_json(&app, None, Some(300), None, None)).unwrap();
+        assert_eq!(
+            again["stalls"],
+            serde_json::to_value(app.stalls.events()).unwrap()
+        );
+        assert_eq!(again["stalls"], v["stalls"]);
         let hour: serde_json::Value =
-            serde_json::from_str(&history_json(&app, None, Some(3600), None)).unwrap();
+            serde_json::from_str(&history_json(&app, None, Some(3600), None, None)).unwrap();
         assert_eq!(hour["step"], 10);
-        let n = hour["targets"][0]["series"][0]["points"]
+        let s = &hour["targets"][0]["series"][0];
+        let ts = times(&hour, s);
+        let n = ts.len();
+        assert!((359..=361).contains(&n), "{n} points in 1 h at 10 s steps");
+        assert!(ts.iter().all(|t| t % 10 == 0), "steps aligned to 10 s");
+        // Ten calls a step: a median and a min for every point.
+        let many = s["count"]
             .as_array()
             .unwrap()
-            .len();
-        assert!((359..=361).contains(&n), "{n} points in 1 h at 10 s steps");
-        // A poll asks only for what is new.
+            .iter()
+            .filter(|c| *c != 1)
+            .count();
+        assert_eq!(s["p50_us"].as_array().unwrap().len(), many);
+        assert_eq!(s["min_us"].as_array().unwrap().len(), many);
+        let want = app.history.target(0).unwrap().series[0]
+            .stepped(hour["from"].as_u64().unwrap() as u32, 10);
+        assert_eq!(ts, want.iter().map(|p| p.t as u64).collect::<Vec<_>>());
+        let p50: Vec<f64> = want
+            .iter()
+            .filter(|p| p.count > 1)
+            .map(|p| p.p50 as f64 * 1e6)
+            .collect();
+        for (got, w) in s["p50_us"].as_array().unwrap().iter().zip(&p50) {
+            assert!(
+                (got.as_f64().unwrap() - w).abs() < 1e-3,
+                "{got} µs, want {w}"
+            );
+        }
+        // A poll asks only for what is new, and gets no events it already has.
         let since = hour["now"].as_f64().unwrap() - 2.0;
-        let poll: serde_json::Value =
-            serde_json::from_str(&history_json(&app, Some(since), Some(300), None)).unwrap();
-        let n = poll["targets"][0]["series"][0]["points"]
+        let version = hour["stalls_version"].as_u64().unwrap();
+        let poll: serde_json::Value = serde_json::from_str(&history_json(
+            &app,
+            Some(since),
+            Some(300),
+            None,
+            Some(version),
+        ))
+        .unwrap();
+        let n = poll["targets"][0]["series"][0]["t"]
             .as_array()
             .unwrap()
             .len();
         assert!(n <= 3, "{n} points since 2 s ago");
+        assert_eq!(poll["stalls_version"], version);
+        assert!(poll.get("stalls").is_none(), "unchanged events sent again");
+        // A stall log that changed since: its events again.
+        let poll: serde_json::Value = serde_json::from_str(&history_json(
+            &app,
+            Some(since),
+            Some(300),
+            None,
+            Some(version - 1),
+        ))
+        .unwrap();
+        assert_eq!(poll["stalls"].as_array().unwrap().len(), 256);
+    }
+
+    #[test]
+    fn microseconds_to_the_nanosecond_without_trailing_zeros() {
+        let mut o = JsonOut(Vec::new());
+        for v in [
+            0.000_018_97f32,
+            0.001_235,
+            12.35,
+            0.0,
+            0.000_000_5,
+            0.000_1,
+            0.000_010_05,
+            f32::NAN,
+        ] {
+            o.micros(v);
+            o.raw(" ");
+        }
+        assert_eq!(
+            String::from_utf8(o.0).unwrap(),
+            "18.97 1235 12350000 0 0.5 100 10.05 null "
+        );
     }
 
     /// The cost figures of BENCHMARKS.md ("History endpoint"). Run in release:
@@ -729,12 +989,31 @@ mod tests {
         );
         let t = Instant::now();
         for _ in 0..20 {
-            std::hint::black_box(history_json(&app, None, Some(3600), None));
+            std::hint::black_box(history_json(&app, None, Some(3600), None, None));
         }
         println!(
             "history_json, 1 h: {:.3} ms",
             t.elapsed().as_secs_f64() * 1e3 / 20.0
         );
+        let body = history_json(&app, None, Some(3600), None, None);
+        for level in [1, 6] {
+            let t = Instant::now();
+            let mut size = 0;
+            for _ in 0..20 {
+                use std::io::Write as _;
+                let mut z = flate2::write::GzEncoder::new(
+                    Vec::with_capacity(body.len() / 2),
+                    flate2::Compression::new(level),
+                );
+                z.write_all(body.as_bytes()).unwrap();
+                size = z.finish().unwrap().len();
+            }
+            println!(
+                "gzip level {level} of the 1 h answer ({} bytes) by flate2 directly: {:.3} ms, {size} bytes",
+                body.len(),
+                t.elapsed().as_secs_f64() * 1e3 / 20.0
+            );
+        }
         let t = Instant::now();
         for _ in 0..20 {
             std::hint::black_box(serde_json::to_string(&app.stalls.events()).unwrap());
@@ -753,14 +1032,31 @@ mod tests {
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
+        // The page's poll carries the stalls_version of its last answer: the events
+        // come again only when the log changed (the first two rows, 256 of them).
+        let version = app.stalls.events_if_changed(None).0;
         let cases = [
             (
-                "poll, 5 min range (since 2 s ago)",
+                "poll, 5 min range (since 2 s ago), stall log changed",
                 format!("/api/history?range=300&since={}", now - 2.0),
             ),
             (
-                "poll, 1 h range (since 10 s ago)",
+                "poll, 1 h range (since 10 s ago), stall log changed",
                 format!("/api/history?range=3600&since={}", now - 10.0),
+            ),
+            (
+                "poll, 5 min range (since 2 s ago)",
+                format!(
+                    "/api/history?range=300&since={}&stalls_version={version}",
+                    now - 2.0
+                ),
+            ),
+            (
+                "poll, 1 h range (since 10 s ago)",
+                format!(
+                    "/api/history?range=3600&since={}&stalls_version={version}",
+                    now - 10.0
+                ),
             ),
             (
                 "first load, 5 min range",

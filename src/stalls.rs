@@ -242,6 +242,25 @@ struct Inner {
     /// Per target, the seq of the last operation counted as a stall.
     counted: HashMap<usize, u64>,
     devices: HashMap<usize, TargetDevices>,
+    /// Bumped at every change of an event, so a reader can tell nothing changed.
+    changes: u64,
+}
+
+/// The newest `limit` events, ongoing ones with their age so far.
+fn copy_events(inner: &Inner, limit: usize) -> Vec<StallEvent> {
+    inner
+        .events
+        .iter()
+        .take(limit)
+        .map(|e| {
+            let mut e = e.clone();
+            if e.ongoing {
+                e.duration_seconds = e.started.elapsed().as_secs_f64();
+                set_verdict(&mut e);
+            }
+            e
+        })
+        .collect()
 }
 
 /// The stall counter's single writer path and the ring of recent events.
@@ -272,6 +291,7 @@ impl StallLog {
                 history: VecDeque::with_capacity(HISTORY),
                 counted: HashMap::new(),
                 devices: HashMap::new(),
+                changes: 0,
             }),
             capacity,
             stalls,
@@ -306,6 +326,7 @@ impl StallLog {
         }
         let mut inner = lock(&self.inner);
         inner.devices.remove(&target);
+        inner.changes += 1;
         for ev in inner
             .events
             .iter_mut()
@@ -444,22 +465,20 @@ impl StallLog {
         self.recent(usize::MAX)
     }
 
+    /// The log's change count, and its events as [`StallLog::events`] unless the count
+    /// is still `known` and no event is ongoing (an ongoing one changes as it lasts):
+    /// what `/api/history` needs to skip the events a page already has.
+    pub fn events_if_changed(&self, known: Option<u64>) -> (u64, Option<Vec<StallEvent>>) {
+        let inner = lock(&self.inner);
+        if known == Some(inner.changes) && !inner.events.iter().any(|e| e.ongoing) {
+            return (inner.changes, None);
+        }
+        (inner.changes, Some(copy_events(&inner, usize::MAX)))
+    }
+
     /// The newest `limit` events, as [`StallLog::events`]; copies only those.
     pub fn recent(&self, limit: usize) -> Vec<StallEvent> {
-        let inner = lock(&self.inner);
-        inner
-            .events
-            .iter()
-            .take(limit)
-            .map(|e| {
-                let mut e = e.clone();
-                if e.ongoing {
-                    e.duration_seconds = e.started.elapsed().as_secs_f64();
-                    set_verdict(&mut e);
-                }
-                e
-            })
-            .collect()
+        copy_events(&lock(&self.inner), limit)
     }
 
     /// The watchdog saw `op` of lane `key` in flight past its threshold, and `others`,
@@ -475,6 +494,7 @@ impl StallLog {
         waits: Option<&WaitSamples>,
     ) {
         let mut inner = lock(&self.inner);
+        inner.changes += 1;
         if inner.counted.get(&key.lane) == Some(&op.seq) {
             if let Some(ev) = inner
                 .events
@@ -526,6 +546,7 @@ impl StallLog {
             waits,
         } = call;
         let mut inner = lock(&self.inner);
+        inner.changes += 1;
         let started = Instant::now() - elapsed;
         if inner.counted.get(&key.lane) != Some(&seq) {
             // Returned between two watchdog ticks: count it now.
@@ -575,6 +596,9 @@ impl StallLog {
         let mut inner = lock(&self.inner);
         for ev in inner.events.iter_mut().filter(|e| e.ongoing) {
             update(ev, &snap);
+        }
+        if inner.events.iter().any(|e| e.ongoing) {
+            inner.changes += 1;
         }
         if inner.history.len() == HISTORY {
             inner.history.pop_front();
