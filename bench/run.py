@@ -1194,6 +1194,24 @@ def table(rows, head):
         print(fmt(r))
 
 
+def print_scrape(sc):
+    """The scrape-cost table of section 3 and 6b: stallwatch beside node_exporter, plain
+    and gzip, their p99 ratios, server CPU per scrape and peak RSS."""
+    rows = []
+    for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
+                          (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
+        x = sc[(k, gz)]
+        rows.append((name, ms(x["p50"]), ms(x["p99"]), ms(x["max"]), f"{x['bytes']:.0f}"))
+    table(rows, ("server", "p50", "p99", "max", "bytes"))
+    for gz, lab in ((False, "plain"), (True, "gzip")):
+        print(f"   p99 ratio stallwatch/node_exporter ({lab}): "
+              f"{ratio(sc[('sw', gz)]['p99'], sc[('ne', gz)]['p99']):.3f}")
+    print(f"   server CPU per scrape (mean over the burst): stallwatch "
+          f"{sc['sw']['cpu_per_scrape'] * 1e3:.2f} ms, node_exporter {sc['ne']['cpu_per_scrape'] * 1e3:.2f} ms; peak RSS after the burst: "
+          f"stallwatch {sc['sw']['hwm_after'] / 1024:.1f} MiB, node_exporter "
+          f"{sc['ne']['hwm_after'] / 1024:.1f} MiB")
+
+
 def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, scl, aaccs, amix,
            goals):
     print()
@@ -1274,20 +1292,7 @@ def report(args, mach, vers, build, backing, accs, mix, over, scrape, det, ser, 
         print(f"\n3. Scrape cost: GET /metrics with 8 targets, {args.requests} sequential keep-alive "
               "requests per row, rows alternating in blocks of 25; curl's time to the last byte "
               "(connect excluded); bytes as sent")
-        rows = []
-        for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
-                              (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
-            s = scrape[(k, gz)]
-            rows.append((name, ms(s["p50"]), ms(s["p99"]), ms(s["max"]), f"{s['bytes']:.0f}"))
-        table(rows, ("server", "p50", "p99", "max", "bytes"))
-        for gz, lab in ((False, "plain"), (True, "gzip")):
-            print(f"   p99 ratio stallwatch/node_exporter ({lab}): "
-                  f"{ratio(scrape[('sw', gz)]['p99'], scrape[('ne', gz)]['p99']):.3f}")
-        print(f"   server CPU per scrape (mean over the burst): stallwatch "
-              f"{scrape['sw']['cpu_per_scrape'] * 1e3:.2f} ms, node_exporter "
-              f"{scrape['ne']['cpu_per_scrape'] * 1e3:.2f} ms; peak RSS after the burst: "
-              f"stallwatch {scrape['sw']['hwm_after'] / 1024:.1f} MiB, node_exporter "
-              f"{scrape['ne']['hwm_after'] / 1024:.1f} MiB")
+        print_scrape(scrape)
 
     if det:
         print(f"\n4. Detection delay: fsfreeze -f of an XFS loop target for {det['hold']:g} s, "
@@ -1361,19 +1366,7 @@ def report_scale(args, scl):
     sc = one["scrape"]
     print(f"\n6b. Scrape cost with {one['targets']} targets at 1 s: GET /metrics, {args.requests} "
           "keep-alive requests per row, rows alternating in blocks of 25 (as in 3)")
-    rows = []
-    for (k, gz), name in ((("sw", False), "stallwatch"), (("ne", False), "node_exporter"),
-                          (("sw", True), "stallwatch gzip"), (("ne", True), "node_exporter gzip")):
-        x = sc[(k, gz)]
-        rows.append((name, ms(x["p50"]), ms(x["p99"]), ms(x["max"]), f"{x['bytes']:.0f}"))
-    table(rows, ("server", "p50", "p99", "max", "bytes"))
-    for gz, lab in ((False, "plain"), (True, "gzip")):
-        print(f"   p99 ratio stallwatch/node_exporter ({lab}): "
-              f"{ratio(sc[('sw', gz)]['p99'], sc[('ne', gz)]['p99']):.3f}")
-    print(f"   server CPU per scrape: stallwatch {sc['sw']['cpu_per_scrape'] * 1e3:.2f} ms, "
-          f"node_exporter {sc['ne']['cpu_per_scrape'] * 1e3:.2f} ms; peak RSS after the burst: "
-          f"stallwatch {sc['sw']['hwm_after'] / 1024:.1f} MiB, node_exporter "
-          f"{sc['ne']['hwm_after'] / 1024:.1f} MiB")
+    print_scrape(sc)
     fr = one["frozen"]
     print(f"\n6c. Scrape cost while {len(fr['names'])} of the {one['targets']} targets are frozen "
           f"({', '.join(fr['names'])}: fsfreeze -f, every lane of each blocked past 1 s before "
