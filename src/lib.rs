@@ -15,6 +15,7 @@ pub mod config;
 pub mod devstat;
 pub mod evidence;
 pub mod evidence_worker;
+pub mod family;
 pub mod history;
 pub mod host;
 pub mod inflight;

@@ -2,12 +2,57 @@
 //! (probe, stall log, sampler), plus the agent's own `stallwatch_build_info` and
 //! `process_*`. Families are encoded in name order, whoever registered them.
 
-use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus::proto::{MetricFamily, MetricType};
-use prometheus::{IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{IntGaugeVec, Opts, TextEncoder};
+
+use crate::family::{escape, sample, Family};
+use crate::sync::lock;
+
+/// The crate's registry for the small families, beside the [`Family`]s that write
+/// their own text (the probe histograms and the stall counters). It derefs to the
+/// crate's registry, so `register(Box::new(collector))` works as there.
+#[derive(Default)]
+pub struct Registry {
+    crate_families: prometheus::Registry,
+    direct: Mutex<Vec<Arc<dyn Family>>>,
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds a family that writes its own text. Panics on a name already registered
+    /// either way: two families of one name would be an invalid exposition.
+    pub fn register_family(&self, f: Arc<dyn Family>) {
+        let mut direct = lock(&self.direct);
+        let name = f.name().to_owned();
+        assert!(
+            direct.iter().all(|d| d.name() != name)
+                && self
+                    .crate_families
+                    .gather()
+                    .iter()
+                    .all(|mf| mf.name() != name),
+            "family {name} registered twice"
+        );
+        direct.push(f);
+        direct.sort_by(|a, b| a.name().cmp(b.name()));
+    }
+}
+
+impl Deref for Registry {
+    type Target = prometheus::Registry;
+
+    fn deref(&self) -> &prometheus::Registry {
+        &self.crate_families
+    }
+}
 
 /// A registry holding the families that belong to no module: the build and the process.
 pub fn registry() -> Registry {
@@ -31,8 +76,17 @@ static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
 /// Encodes every family of `r` in the text format.
 pub fn encode(r: &Registry) -> String {
     let families = r.gather();
+    let direct = lock(&r.direct).clone();
     let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
-    encode_text(&families, &mut out);
+    // Both lists are in name order: merge them.
+    let mut rest = families.as_slice();
+    for d in &direct {
+        let n = rest.partition_point(|mf| mf.name() < d.name());
+        encode_text(&rest[..n], &mut out);
+        rest = &rest[n..];
+        d.encode(&mut out);
+    }
+    encode_text(rest, &mut out);
     LAST_LEN.store(out.len(), Ordering::Relaxed);
     out
 }
@@ -130,86 +184,6 @@ pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String) {
     }
 }
 
-/// One line: name, suffix, the metric's labels (`{a="1",b="2"` without the brace that
-/// closes them) with `extra` appended, the value and the timestamp if any.
-fn sample(
-    out: &mut String,
-    name: &str,
-    suffix: &str,
-    labels: &str,
-    extra: Option<(&str, &str)>,
-    v: f64,
-    ts: i64,
-) {
-    out.push_str(name);
-    out.push_str(suffix);
-    if let Some((k, x)) = extra {
-        out.push_str(if labels.is_empty() { "{" } else { labels });
-        if !labels.is_empty() {
-            out.push(',');
-        }
-        for part in [k, "=\"", x, "\"}"] {
-            out.push_str(part);
-        }
-    } else if !labels.is_empty() {
-        out.push_str(labels);
-        out.push('}');
-    }
-    out.push(' ');
-    // Integral values as integers: the same digits as f64's Display (which never uses
-    // an exponent), without the float formatting. -0 keeps its sign through Display.
-    let i = v as i64;
-    if i as f64 == v && i.unsigned_abs() < 1 << 53 && !(i == 0 && v.is_sign_negative()) {
-        push_int(out, i);
-    } else {
-        let _ = write!(out, "{v}");
-    }
-    if ts != 0 {
-        out.push(' ');
-        push_int(out, ts);
-    }
-    out.push('\n');
-}
-
-/// Decimal digits of `i`, without the formatting machinery.
-fn push_int(out: &mut String, i: i64) {
-    let mut buf = [0u8; 20];
-    let mut n = i.unsigned_abs();
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if i < 0 {
-        out.push('-');
-    }
-    // Only ASCII digits were written.
-    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
-}
-
-/// Escapes as the text format wants: backslash and newline, and in label values the
-/// double quote.
-fn escape(v: &str, quote: bool) -> Cow<'_, str> {
-    let special = |c: char| c == '\\' || c == '\n' || (quote && c == '"');
-    if !v.contains(special) {
-        return Cow::Borrowed(v);
-    }
-    let mut o = String::with_capacity(v.len() + 8);
-    for c in v.chars() {
-        match c {
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '"' if quote => o.push_str("\\\""),
-            c => o.push(c),
-        }
-    }
-    Cow::Owned(o)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,5 +245,45 @@ mod tests {
             "{want}"
         );
         assert_eq!(encode(&r).len(), want.len(), "encode() writes the same");
+    }
+
+    /// Direct families and the crate's come out together in name order, as one
+    /// registry's gather() would list them.
+    #[test]
+    fn direct_families_are_merged_in_name_order() {
+        let r = Registry::new();
+        for name in ["a_total", "c_total", "e_total"] {
+            let c = prometheus::IntCounter::new(name, "crate's").unwrap();
+            c.inc();
+            r.register(Box::new(c)).unwrap();
+        }
+        for name in ["f_total", "b_total", "d_total"] {
+            let c = Arc::new(crate::family::CounterVec::new(name, "ours", &["x"]));
+            c.with_label_values(&["1"]).inc();
+            r.register_family(c);
+        }
+        let names: Vec<&str> = encode(&r)
+            .leak()
+            .lines()
+            .filter(|l| l.starts_with("# TYPE"))
+            .map(|l| l.split(' ').nth(2).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["a_total", "b_total", "c_total", "d_total", "e_total", "f_total"]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "registered twice")]
+    fn a_name_registered_both_ways_is_refused() {
+        let r = Registry::new();
+        let c = prometheus::IntCounter::new("x_total", "crate's").unwrap();
+        r.register(Box::new(c)).unwrap();
+        r.register_family(Arc::new(crate::family::CounterVec::new(
+            "x_total",
+            "ours",
+            &["y"],
+        )));
     }
 }

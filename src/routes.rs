@@ -28,7 +28,7 @@ pub type ReloadFn = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// What the handlers read.
 pub struct App {
-    pub registry: prometheus::Registry,
+    pub registry: crate::metrics::Registry,
     pub stalls: Arc<StallLog>,
     pub targets: Arc<Targets>,
     /// The last hour of latencies and kernel samples, for the live page.
@@ -719,7 +719,7 @@ mod tests {
     /// 8 targets with the default modes (5 ops each) probed every second for a full
     /// hour, a kernel sample every second, and a full stall ring (256 events).
     fn full_hour() -> (App, u64) {
-        let registry = prometheus::Registry::new();
+        let registry = crate::metrics::Registry::new();
         let metrics = ProbeMetrics::new(&registry);
         let rss0 = rss_bytes();
         let history = Arc::new(History::new());

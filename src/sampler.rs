@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn md_and_device_metrics_from_a_resyncing_raid5_fixture() {
         let sys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sys/md-raid5-resync");
-        let r = Registry::new();
+        let r = crate::metrics::Registry::new();
         let m = SamplerMetrics::new(&r);
         let log = StallLog::new(4, &r);
         let d = blockdev::resolve(&sys, 9, 0).unwrap();

@@ -14,10 +14,9 @@
 //! event may name another cause than the one it was counted under.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use prometheus::{IntCounterVec, Opts, Registry};
 use serde::Serialize;
 use strum::VariantArray;
 use tracing::{info, warn};
@@ -26,7 +25,9 @@ use crate::blockdev::SyncAction;
 use crate::causes::Cause;
 use crate::config::Mode;
 use crate::evidence::{self, Evidence, Scope};
+use crate::family::CounterVec;
 use crate::inflight::InFlightOp;
+use crate::metrics::Registry;
 use crate::op::{Failure, Op};
 use crate::sync::lock;
 use crate::verdict::{self, Facts};
@@ -267,24 +268,19 @@ fn copy_events(inner: &Inner, limit: usize) -> Vec<StallEvent> {
 pub struct StallLog {
     inner: Mutex<Inner>,
     capacity: usize,
-    stalls: IntCounterVec,
+    stalls: Arc<CounterVec>,
     signal: Signal,
 }
 
 impl StallLog {
     /// An empty log of `capacity` events; registers `stallwatch_stalls_total`.
     pub fn new(capacity: usize, registry: &Registry) -> StallLog {
-        let stalls = IntCounterVec::new(
-            Opts::new(
-                "stallwatch_stalls_total",
-                "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked; cause: where the kernel held the call, as sampled before the crossing.",
-            ),
+        let stalls = Arc::new(CounterVec::new(
+            "stallwatch_stalls_total",
+            "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked; cause: where the kernel held the call, as sampled before the crossing.",
             &["target", "mode", "op", "cause"],
-        )
-        .expect("valid metric definition");
-        registry
-            .register(Box::new(stalls.clone()))
-            .expect("metric registered once");
+        ));
+        registry.register_family(Arc::clone(&stalls) as _);
         StallLog {
             inner: Mutex::new(Inner {
                 events: VecDeque::with_capacity(capacity.min(1024)),

@@ -215,9 +215,9 @@ mod tests {
     use super::*;
     use crate::config::{Mode, SyncKind};
     use crate::kernfs::Roots;
+    use crate::metrics::Registry;
     use crate::probe::ProbeMetrics;
     use crate::stalls::StallLog;
-    use prometheus::Registry;
     use std::path::Path;
 
     fn target(name: &str, path: &Path, interval_ms: u64) -> Target {
@@ -236,16 +236,16 @@ mod tests {
 
     /// The targets that have a series of `family`.
     fn targets_of(r: &Registry, family: &str) -> Vec<String> {
-        let mut names: Vec<String> = r
-            .gather()
-            .iter()
-            .filter(|f| f.name() == family)
-            .flat_map(|f| f.get_metric().to_vec())
-            .filter_map(|m| {
-                m.get_label()
-                    .iter()
-                    .find(|l| l.name() == "target")
-                    .map(|l| l.value().to_owned())
+        let text = crate::metrics::encode(r);
+        let mut names: Vec<String> = text
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(family)
+                    .is_some_and(|rest| rest.starts_with('{'))
+            })
+            .filter_map(|l| {
+                let at = l.find("target=\"")? + "target=\"".len();
+                Some(l[at..].split('"').next()?.to_owned())
             })
             .collect();
         names.sort();

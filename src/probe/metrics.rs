@@ -8,12 +8,12 @@ use std::time::{Duration, SystemTime};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 use super::Targets;
 use crate::config::{Mode, Target};
+use crate::family::HistogramVec;
+use crate::metrics::Registry;
 use crate::mounts::Mount;
 use crate::op::{Failure, Op};
 use crate::sync::lock;
@@ -46,7 +46,7 @@ impl SkipReason {
 
 /// The probe families, registered once; each probe thread writes its target's series.
 pub struct ProbeMetrics {
-    duration: HistogramVec,
+    duration: Arc<HistogramVec>,
     errors: IntCounterVec,
     cycles: IntCounterVec,
     skipped: IntCounterVec,
@@ -73,18 +73,17 @@ impl ProbeMetrics {
     pub fn new(r: &Registry) -> ProbeMetrics {
         let target = &["target"];
         ProbeMetrics {
-            duration: register(
-                r,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "stallwatch_probe_duration_seconds",
-                        "Latency of each completed probe system call, timed on its own. \
-                         Updated by the probe threads; a scrape never waits for a probe.",
-                    )
-                    .buckets(BUCKETS.to_vec()),
+            duration: {
+                let h = Arc::new(HistogramVec::new(
+                    "stallwatch_probe_duration_seconds",
+                    "Latency of each completed probe system call, timed on its own. \
+                     Updated by the probe threads; a scrape never waits for a probe.",
                     &["target", "mode", "op"],
-                ),
-            ),
+                    &BUCKETS,
+                ));
+                r.register_family(Arc::clone(&h) as _);
+                h
+            },
             errors: register(
                 r,
                 IntCounterVec::new(
@@ -257,8 +256,7 @@ impl ProbeMetrics {
 
     pub(super) fn observe(&self, target: &str, mode: Mode, op: Op, elapsed: Duration) {
         self.duration
-            .with_label_values(&[target, mode.as_str(), op.as_str()])
-            .observe(elapsed.as_secs_f64());
+            .observe(&[target, mode.as_str(), op.as_str()], elapsed.as_secs_f64());
     }
 
     pub(super) fn failed(&self, target: &str, mode: Mode, op: Op, failure: Failure) {
@@ -332,7 +330,7 @@ impl ProbeMetrics {
     pub(super) fn observed(&self, target: &str, mode: Mode, op: Op) -> u64 {
         self.duration
             .with_label_values(&[target, mode.as_str(), op.as_str()])
-            .get_sample_count()
+            .count()
     }
 
     #[cfg(test)]

@@ -723,7 +723,7 @@ pub fn probe_dir_of(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use crate::config::SyncKind;
-    use prometheus::Registry;
+    use crate::metrics::Registry;
 
     fn target(path: &Path, require_mountpoint: bool) -> Target {
         Target {
