@@ -24,8 +24,10 @@ pub trait Family: Send + Sync {
     fn encode(&self, out: &mut String);
 }
 
-/// Series by their label values in name order: the labels as written, and the value.
-type Series<T> = BTreeMap<Vec<String>, (String, Arc<T>)>;
+/// Series by their label values in name order, joined by NUL (which sorts below every
+/// other character, so the map's order is that of the value tuples): the labels as
+/// written, and the value.
+type Series<T> = BTreeMap<String, (String, Arc<T>)>;
 
 /// A labelled family's series, keyed by their label values in label-name order: the
 /// order the exposition lists them in.
@@ -51,29 +53,44 @@ impl<T: Default> SeriesMap<T> {
         }
     }
 
-    fn key(&self, values: &[&str]) -> Vec<String> {
+    /// Writes the key of `values` into `key`.
+    fn key_into(&self, values: &[&str], key: &mut String) {
         assert_eq!(
             values.len(),
             self.labels.len(),
             "{}: label count",
             self.name
         );
-        self.order.iter().map(|&i| values[i].to_owned()).collect()
+        key.clear();
+        for (n, &i) in self.order.iter().enumerate() {
+            if n > 0 {
+                key.push('\0');
+            }
+            key.push_str(values[i]);
+        }
     }
 
     /// The series of `values` (in the order the labels were declared), created at zero.
+    /// Looked up without allocating: the lanes call this for every timed call.
     fn get(&self, values: &[&str]) -> Arc<T> {
-        let key = self.key(values);
-        if let Some((_, s)) = self.read().get(&key) {
-            return Arc::clone(s);
+        thread_local! {
+            static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
-        let mut w = self.series.write().unwrap_or_else(|e| e.into_inner());
-        let labels = self.render(&key);
-        Arc::clone(&w.entry(key).or_insert_with(|| (labels, Arc::default())).1)
+        KEY.with_borrow_mut(|key| {
+            self.key_into(values, key);
+            if let Some((_, s)) = self.read().get(key.as_str()) {
+                return Arc::clone(s);
+            }
+            let mut w = self.series.write().unwrap_or_else(|e| e.into_inner());
+            let labels = self.render(values);
+            let entry = w.entry(key.clone());
+            Arc::clone(&entry.or_insert_with(|| (labels, Arc::default())).1)
+        })
     }
 
     fn remove(&self, values: &[&str]) -> bool {
-        let key = self.key(values);
+        let mut key = String::new();
+        self.key_into(values, &mut key);
         let mut w = self.series.write().unwrap_or_else(|e| e.into_inner());
         w.remove(&key).is_some()
     }
@@ -83,13 +100,13 @@ impl<T: Default> SeriesMap<T> {
     }
 
     /// `{a="x",b="y"` (without the closing brace), as [`sample`] takes a metric's labels.
-    fn render(&self, key: &[String]) -> String {
+    fn render(&self, values: &[&str]) -> String {
         let mut s = String::new();
-        for (n, (&i, v)) in self.order.iter().zip(key).enumerate() {
+        for (n, &i) in self.order.iter().enumerate() {
             s.push(if n == 0 { '{' } else { ',' });
             s.push_str(self.labels[i]);
             s.push_str("=\"");
-            s.push_str(&escape(v, true));
+            s.push_str(&escape(values[i], true));
             s.push('"');
         }
         s
@@ -391,6 +408,11 @@ mod tests {
             (["a", "overwrite", "write"], 400.0),
             (["a\"q\\\n", "create", "open"], 0.1),
             (["a", "create", "write"], 1e-9),
+            // Values that are prefixes of others, in one label and across labels.
+            (["t1", "create", "open"], 0.5),
+            (["t10", "create", "open"], 0.5),
+            (["t1", "create", "open0"], 0.5),
+            (["t", "create0", "open"], 0.5),
         ];
         for (labels, v) in observations {
             theirs.with_label_values(&labels).observe(v);

@@ -109,6 +109,10 @@ pub struct Lane {
 struct MountCheck {
     /// The resolved target path and the mount table generation it was resolved in.
     canon: Option<(u64, PathBuf)>,
+    /// The mount found for `canon` in that generation's table (`mount_at` when a mount
+    /// point is required, else `mount_of`): the table is searched once per change of the
+    /// mounts, not once per lane cycle (64 targets on a host with 200 mounts).
+    found: Option<(u64, Option<Mount>)>,
     /// The filesystem first seen at a mount-point target; another one later is refused.
     expected: Option<Mount>,
 }
@@ -208,6 +212,7 @@ impl TargetShared {
             }),
             mount: Mutex::new(MountCheck {
                 canon: None,
+                found: None,
                 expected: None,
             }),
             stop: Shutdown::default(),
@@ -278,14 +283,35 @@ impl TargetShared {
         };
         let mut mc = lock(&self.mount);
         if let Ok(p) = &canon {
-            mc.canon = Some((generation, p.clone()));
+            if mc.canon.as_ref().is_none_or(|(g, _)| *g != generation) {
+                mc.canon = Some((generation, p.clone()));
+            }
         }
+        let known = mc
+            .found
+            .as_ref()
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, m)| m.clone());
         // Only the one mount we need is copied out of the cached table.
-        let found = match (&canon, refreshed) {
-            (Ok(c), Ok(())) if require => Ok(mounts::mount_at(lock(table).cached(), c).cloned()),
-            (Ok(c), Ok(())) => Ok(mounts::mount_of(lock(table).cached(), c).cloned()),
-            (Err(_), _) => Ok(None),
-            (_, Err(e)) => Err(e),
+        let found = match (&canon, refreshed, known) {
+            (Ok(_), Ok(()), Some(m)) => Ok(m),
+            (Ok(c), Ok(()), None) => {
+                let t = lock(table);
+                // Looked up in the table of `generation`, or a newer one: then the next
+                // cycle looks again, under its generation.
+                let m = if require {
+                    mounts::mount_at(t.cached(), c)
+                } else {
+                    mounts::mount_of(t.cached(), c)
+                };
+                let m = m.cloned();
+                if t.generation() == generation {
+                    mc.found = Some((generation, m.clone()));
+                }
+                Ok(m)
+            }
+            (Err(_), _, _) => Ok(None),
+            (_, Err(e), _) => Err(e),
         };
         if !require {
             if let Err(e) = &found {
