@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs;
+use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -239,6 +240,8 @@ struct Walker<'a, 'b> {
     cap: usize,
     nodes: Vec<Node>,
     buf: Vec<u8>,
+    /// For the directory listings.
+    dirbuf: Vec<MaybeUninit<u8>>,
     out: &'a mut CgroupReading,
 }
 
@@ -259,7 +262,7 @@ impl Walker<'_, '_> {
             }
         }
         let index = self.nodes.len();
-        let children = subdirectories(&dir);
+        let children = subdirectories(&dir, &mut self.dirbuf);
         self.nodes.push(Node {
             path: path.clone(),
             parent,
@@ -285,25 +288,25 @@ impl Walker<'_, '_> {
 }
 
 /// The names of the directories in `dir` (cgroups; the interface files are not), by
-/// the entries' own types, without a stat per entry.
-fn subdirectories(dir: &OwnedFd) -> Vec<CString> {
-    let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(dir, 0) else {
-        return Vec::new();
-    };
-    let Ok(entries) = rustix::fs::Dir::new(dup) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_bytes();
-            // Unknown: a filesystem without d_type; opening it as a directory decides.
-            matches!(e.file_type(), FileType::Directory | FileType::Unknown)
-                && n != b"."
-                && n != b".."
-        })
-        .map(|e| e.file_name().to_owned())
-        .collect()
+/// the entries' own types, without a stat per entry: `getdents64` on the directory's
+/// own descriptor into `buf`, reused across the walk.
+fn subdirectories(dir: &OwnedFd, buf: &mut Vec<MaybeUninit<u8>>) -> Vec<CString> {
+    if buf.len() < 32 << 10 {
+        buf.resize(32 << 10, MaybeUninit::uninit());
+    }
+    let mut out = Vec::new();
+    let mut entries = rustix::fs::RawDir::new(dir, buf.as_mut_slice());
+    while let Some(Ok(e)) = entries.next() {
+        let n = e.file_name().to_bytes();
+        // Unknown: a filesystem without d_type; opening it as a directory decides.
+        if matches!(e.file_type(), FileType::Directory | FileType::Unknown)
+            && n != b"."
+            && n != b".."
+        {
+            out.push(e.file_name().to_owned());
+        }
+    }
+    out
 }
 
 /// Reads `name` in `dir` whole into `buf`; None when it cannot be opened or read or is
@@ -351,6 +354,7 @@ fn walk(
         cap,
         nodes: Vec::new(),
         buf: std::mem::take(buf),
+        dirbuf: Vec::new(),
         out,
     };
     w.visit(dir, "/".into(), None);
