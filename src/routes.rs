@@ -414,8 +414,8 @@ impl JsonOut {
         serde_json::to_writer(&mut self.0, s).expect("a string serializes");
     }
 
-    /// Seconds as microseconds to the nanosecond, without trailing zeros: 4 significant
-    /// digits (as kept), `0.00001897` as `18.97`.
+    /// Seconds as microseconds to 4 significant digits (to the nanosecond below 10 µs),
+    /// without trailing zeros: `0.00001897` as `18.97`.
     fn micros(&mut self, seconds: f32) {
         if !seconds.is_finite() || seconds < 0.0 {
             self.raw("null");
@@ -423,16 +423,24 @@ impl JsonOut {
         }
         // Rounded half up without a libm call (this runs 43 200 times for an hour).
         let mut ns = (seconds as f64 * 1e9 + 0.5) as u64;
-        // An f32 is exact to about 7 digits and the history keeps 4: past 6 digits of
-        // nanoseconds (1 ms and up) the float's noise is cut, 12.35 s is not 12350000.38 ms.
-        if ns >= 1_000_000 {
-            let (mut p, mut top) = (10u64, 10_000_000u64);
-            while ns >= top && top <= u64::MAX / 10 {
-                p *= 10;
-                top *= 10;
+        // The history keeps a latency to 1/2048 of itself (history.rs, `encode`): past 4
+        // digits (10 µs and up) that is noise, 12.35 s is not 12349.44 ms.
+        // Constant divisors up to 100 ms (the usual range), a loop beyond.
+        ns = match ns {
+            0..10_000 => ns,
+            10_000..100_000 => (ns + 5) / 10 * 10,
+            100_000..1_000_000 => (ns + 50) / 100 * 100,
+            1_000_000..10_000_000 => (ns + 500) / 1_000 * 1_000,
+            10_000_000..100_000_000 => (ns + 5_000) / 10_000 * 10_000,
+            _ => {
+                let (mut p, mut top) = (100_000u64, 1_000_000_000u64);
+                while ns >= top && top <= u64::MAX / 10 {
+                    p *= 10;
+                    top *= 10;
+                }
+                (ns + p / 2) / p * p
             }
-            ns = (ns + p / 2) / p * p;
-        }
+        };
         self.int((ns / 1000) as i64);
         let mut frac = ns % 1000;
         if frac != 0 {
@@ -934,7 +942,7 @@ mod tests {
     }
 
     #[test]
-    fn microseconds_to_the_nanosecond_without_trailing_zeros() {
+    fn microseconds_to_four_digits_without_trailing_zeros() {
         let mut o = JsonOut(Vec::new());
         for v in [
             0.000_018_97f32,
@@ -945,13 +953,19 @@ mod tests {
             0.000_1,
             0.000_010_05,
             f32::NAN,
+            0.001_234_567,
+            0.000_123_456,
+            0.000_009_876_5,
+            0.000_000_123_4,
+            1.234_567,
+            0.000_099_996,
         ] {
             o.micros(v);
             o.raw(" ");
         }
         assert_eq!(
             String::from_utf8(o.0).unwrap(),
-            "18.97 1235 12350000 0 0.5 100 10.05 null "
+            "18.97 1235 12350000 0 0.5 100 10.05 null 1235 123.5 9.877 0.123 1235000 100 "
         );
     }
 
