@@ -422,39 +422,42 @@ impl JsonOut {
             return;
         }
         // Rounded half up without a libm call (this runs 43 200 times for an hour).
-        let mut ns = (seconds as f64 * 1e9 + 0.5) as u64;
+        let ns = (seconds as f64 * 1e9 + 0.5) as u64;
         // The history keeps a latency to 1/2048 of itself (history.rs, `encode`): past 4
-        // digits (10 µs and up) that is noise, 12.35 s is not 12349.44 ms.
-        // Constant divisors up to 100 ms (the usual range), a loop beyond.
-        ns = match ns {
-            0..10_000 => ns,
-            10_000..100_000 => (ns + 5) / 10 * 10,
-            100_000..1_000_000 => (ns + 50) / 100 * 100,
-            1_000_000..10_000_000 => (ns + 500) / 1_000 * 1_000,
-            10_000_000..100_000_000 => (ns + 5_000) / 10_000 * 10_000,
+        // digits (10 µs and up) that is noise, 12.35 s is not 12349.44 ms. The value is
+        // rounded straight to the decimals printed, with constant divisors up to 10 ms.
+        let (int, mut frac, mut decimals) = match ns {
+            0..10_000 => (ns / 1000, ns % 1000, 3),
+            10_000..100_000 => {
+                let v = (ns + 5) / 10;
+                (v / 100, v % 100, 2)
+            }
+            100_000..1_000_000 => {
+                let v = (ns + 50) / 100;
+                (v / 10, v % 10, 1)
+            }
+            1_000_000..10_000_000 => ((ns + 500) / 1000, 0, 0),
             _ => {
-                let (mut p, mut top) = (100_000u64, 1_000_000_000u64);
+                let (mut p, mut top) = (1_000u64, 10_000_000u64);
                 while ns >= top && top <= u64::MAX / 10 {
                     p *= 10;
                     top *= 10;
                 }
-                (ns + p / 2) / p * p
+                ((ns + p / 2) / p * (p / 1000), 0, 0)
             }
         };
-        self.int((ns / 1000) as i64);
-        let mut frac = ns % 1000;
+        self.int(int as i64);
         if frac != 0 {
-            let mut digits = 3;
             while frac.is_multiple_of(10) {
                 frac /= 10;
-                digits -= 1;
+                decimals -= 1;
             }
             let mut d = [b'.', b'0', b'0', b'0'];
-            for i in (1..=digits).rev() {
+            for i in (1..=decimals).rev() {
                 d[i] = b'0' + (frac % 10) as u8;
                 frac /= 10;
             }
-            self.0.extend_from_slice(&d[..=digits]);
+            self.0.extend_from_slice(&d[..=decimals]);
         }
     }
 
@@ -977,13 +980,17 @@ mod tests {
             0.000_000_123_4,
             1.234_567,
             0.000_099_996,
+            0.000_999_97,
+            0.009_999_7,
+            0.099_996,
+            3600.123,
         ] {
             o.micros(v);
             o.raw(" ");
         }
         assert_eq!(
             String::from_utf8(o.0).unwrap(),
-            "18.97 1235 12350000 0 0.5 100 10.05 null 1235 123.5 9.877 0.123 1235000 100 "
+            "18.97 1235 12350000 0 0.5 100 10.05 null 1235 123.5 9.877 0.123 1235000 100 1000 10000 100000 3600000000 "
         );
     }
 
