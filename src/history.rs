@@ -1,19 +1,34 @@
 //! The bounded history behind the live page (`/` and `/api/history`): per target and op
 //! the last hour of probe latencies, and the last hour of kernel samples.
 //!
-//! Latencies are kept in one-second slots: a slot holds the count, min, median and max
-//! of the calls that returned in that second. At the 1-10 s intervals probes usually
-//! run at, a slot holds one call, so every cycle is kept as it was measured; at faster
-//! intervals (down to the 100 ms minimum) a second's calls are summarised. Kernel
-//! samples are kept one per second (the peak dirty and writeback of the second when the
-//! sampler runs faster, and its peak I/O pressure).
+//! Latencies are kept per second: the count, min, median and max of the calls that
+//! returned in that second. At the 1-10 s intervals probes usually run at, a second holds
+//! one call, so every cycle is kept as it was measured; at faster intervals (down to the
+//! 100 ms minimum) a second's calls are summarised. Kernel samples are kept one per
+//! second (the peak dirty and writeback of the second when the sampler runs faster, and
+//! its peak I/O pressure).
 //!
-//! Each series is a fixed ring allocated once, sized for an hour at its target's
-//! interval, so memory does not grow with uptime; beside it a ring of 10-second steps
-//! (`COARSE_STEP`), filled as each second closes, answers the 1 h view. The probe lanes and the sampler write
-//! under a per-series lock held for a few stores; readers hold it only to copy the
-//! points out. Neither ever holds it across a system call, so a lane never waits on a
-//! page load beyond that copy.
+//! A latency is kept as a 16-bit code (a float with a 6-bit exponent and a 10-bit
+//! mantissa: within 1/2048 of the latency, 0.05 %, from 1 ps to 194 days). How a series
+//! stores its hour depends on its target's interval, which bounds how many calls a
+//! second can hold:
+//!
+//! - 1 s or slower: the calls' codes in order (2 bytes a call, a ring sized for an hour
+//!   of cycles) and, per second of the hour, how many of them returned in it (2 bits, a
+//!   wheel indexed by the second). 11.5 KiB a series at 1 s with the 10 s steps below,
+//!   1.6 KiB at 10 s.
+//! - faster than 1 s: per second of the hour a summary (count and the codes of min,
+//!   median and max: 10 bytes, a wheel indexed by the second), the second being filled
+//!   apart. 39 KiB a series.
+//!
+//! Below 10 s intervals a wheel of 10-second steps (`COARSE_STEP`, 10 bytes a step),
+//! filled as each step closes, answers the 1 h view without folding an hour of seconds;
+//! at 10 s or slower the steps are folded from the calls, which are as few.
+//!
+//! Each series is allocated once when its target starts, so memory does not grow with
+//! uptime. The probe lanes and the sampler write under a per-series lock held for a few
+//! stores; readers hold it only to copy the points out. Neither ever holds it across a
+//! system call, so a lane never waits on a page load beyond that copy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -27,12 +42,12 @@ use crate::vm::VmSample;
 /// How far back the history reaches.
 pub const RETAIN: Duration = Duration::from_secs(3600);
 
-/// Calls of one slot whose values are kept for its median; a slot gets at most 10 at
-/// the 100 ms minimum interval. Beyond this, count/min/max stay exact and the median is
-/// that of the first `MEDIAN_OF` calls.
+/// Calls of one second whose values are kept for its median; a second gets at most 10
+/// at the 100 ms minimum interval. Beyond this, count/min/max stay exact and the median
+/// is that of the first `MEDIAN_OF` calls.
 const MEDIAN_OF: usize = 16;
 
-/// `v` to `digits` significant digits: far finer than a latency means, and a third of
+/// `v` to `digits` significant digits: far finer than a ratio means, and a third of
 /// the JSON of a full f32.
 fn round_sig(v: f32, digits: i32) -> f32 {
     if v == 0.0 || !v.is_finite() {
@@ -46,6 +61,42 @@ fn round_sig(v: f32, digits: i32) -> f32 {
 fn unix_secs(t: SystemTime) -> u32 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs().min(u32::MAX as u64) as u32)
+}
+
+/// The exponent of the smallest latency a code holds: 2^-40 s, about a picosecond.
+/// The largest is just under 2^24 s (194 days).
+const CODE_MIN_EXP: i32 = -40;
+
+/// A latency in seconds as a 16-bit code: 0 for zero (and anything under 2^-40 s),
+/// else one more than the exponent (0-63, from `CODE_MIN_EXP`) over 10 bits of
+/// mantissa, rounded to nearest, so the code is within 2^-11 of the value. Codes order
+/// as the latencies do.
+fn encode(seconds: f32) -> u16 {
+    if seconds.is_nan() || seconds <= 0.0 {
+        return 0;
+    }
+    // Half an ulp of the 10-bit mantissa; a carry moves into the exponent, as it should.
+    let bits = seconds.to_bits() + (1 << 12);
+    let e = (bits >> 23) as i32 - 127 - CODE_MIN_EXP;
+    if e < 0 {
+        return 0;
+    }
+    (((e as u32) << 10) | ((bits >> 13) & 0x3ff)).min(u16::MAX as u32 - 1) as u16 + 1
+}
+
+/// The latency a code stands for; `encode(decode(c)) == c`.
+fn decode(code: u16) -> f32 {
+    if code == 0 {
+        return 0.0;
+    }
+    let c = (code - 1) as u32;
+    let e = (c >> 10) as i32 + CODE_MIN_EXP + 127;
+    f32::from_bits(((e as u32) << 23) | ((c & 0x3ff) << 13))
+}
+
+/// `v` as a code would keep it.
+fn quantise(v: f32) -> f32 {
+    decode(encode(v))
 }
 
 /// A fixed-capacity ring, oldest first; allocated once.
@@ -92,6 +143,62 @@ impl<T: Copy> Ring<T> {
     }
 }
 
+/// A slot per key (a Unix second, or a step) for the last `slots.len()` keys up to the
+/// newest one written, key `k` at `k % len`; allocated once. Moving to a newer key
+/// empties the slots of the keys passed, whose slots held keys that fell out.
+struct Wheel<T> {
+    slots: Vec<T>,
+    /// The newest key written.
+    head: Option<u32>,
+}
+
+impl<T: Copy + Default> Wheel<T> {
+    fn new(n: usize) -> Wheel<T> {
+        Wheel {
+            slots: vec![T::default(); n],
+            head: None,
+        }
+    }
+
+    fn len(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Writes key `k`, which is not older than the newest.
+    fn set(&mut self, k: u32, v: T) {
+        let n = self.len();
+        if let Some(h) = self.head.filter(|&h| k > h) {
+            for key in (h + 1).max(k.saturating_sub(n - 1))..=k {
+                self.slots[(key % n) as usize] = T::default();
+            }
+        }
+        self.head = Some(self.head.map_or(k, |h| h.max(k)));
+        self.slots[(k % n) as usize] = v;
+    }
+
+    /// The keys at or after `from` the wheel still holds, oldest first, with their slots.
+    fn since(&self, from: u32) -> impl Iterator<Item = (u32, T)> + '_ {
+        let keys = match self.head {
+            Some(h) => from.max((h + 1).saturating_sub(self.len()))..h + 1,
+            None => 0..0,
+        };
+        keys.clone()
+            .zip(slots_from(keys.start, keys.len(), self.slots.len()))
+            .map(|(k, i)| (k, self.slots[i]))
+    }
+
+    fn bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<T>()
+    }
+}
+
+/// The slot indices of `n` keys from `key` in a wheel of `len` slots, without a
+/// division per key.
+fn slots_from(key: u32, n: usize, len: usize) -> impl Iterator<Item = usize> {
+    let start = key as usize % len;
+    (start..start + n).map(move |i| if i >= len { i - len } else { i })
+}
+
 /// One second (or, aggregated for a query, one step) of one op's latencies, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatencyPoint {
@@ -103,7 +210,39 @@ pub struct LatencyPoint {
     pub max: f32,
 }
 
-/// The slot being filled.
+/// A second or a step as kept: the calls and the codes of the fastest, the median and
+/// the slowest. 10 bytes (2-byte aligned); a count of 0 is an empty slot.
+#[derive(Clone, Copy, Default)]
+#[repr(C, packed(2))]
+struct Summary {
+    count: u32,
+    min: u16,
+    p50: u16,
+    max: u16,
+}
+
+impl Summary {
+    fn of(p: &LatencyPoint) -> Summary {
+        Summary {
+            count: p.count,
+            min: encode(p.min),
+            p50: encode(p.p50),
+            max: encode(p.max),
+        }
+    }
+
+    fn point(self, t: u32) -> LatencyPoint {
+        LatencyPoint {
+            t,
+            count: self.count,
+            min: decode(self.min),
+            p50: decode(self.p50),
+            max: decode(self.max),
+        }
+    }
+}
+
+/// The second being filled, at intervals under a second.
 #[derive(Clone, Copy)]
 struct Open {
     t: u32,
@@ -138,7 +277,8 @@ impl Open {
         }
     }
 
-    fn point(&self) -> LatencyPoint {
+    /// As it will be kept when the second closes, so it reads the same before and after.
+    fn summary(&self) -> Summary {
         let mut v = self.values;
         let v = &mut v[..self.n];
         v.sort_by(f32::total_cmp);
@@ -147,23 +287,216 @@ impl Open {
         } else {
             (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
         };
-        LatencyPoint {
-            t: self.t,
+        Summary {
             count: self.count,
-            min: self.min,
-            p50,
-            max: self.max,
+            min: encode(self.min),
+            p50: encode(p50),
+            max: encode(self.max),
         }
     }
 }
 
-/// Seconds per point of the coarse ring, which answers the 1 h view without folding an
-/// hour of one-second slots at every page load.
+/// Seconds per point of the coarse steps, which answer the 1 h view without folding an
+/// hour of one-second points at every page load.
 pub const COARSE_STEP: u32 = 10;
 
-/// A coarse step being filled from closed one-second slots.
+/// Calls a second holds at intervals of 1 s or more: a lane starts at most one cycle a
+/// second, so a second gets its own call and one still returning from the cycle before
+/// (two calls); a third needs the wall clock to step back. A call beyond is kept in the
+/// next second.
+const CALLS_PER_SECOND: u32 = 3;
+
+/// The calls of a series at intervals of 1 s or more: each call's code in order, and the
+/// number of calls per second of the hour (2 bits a second).
+struct Calls {
+    /// Calls of second `s` at bits `2 * (s % secs)`.
+    counts: Vec<u8>,
+    secs: u32,
+    /// A ring of the calls' codes, oldest at `end - len`.
+    codes: Vec<u16>,
+    end: usize,
+    /// The calls kept: the sum of the counts.
+    len: usize,
+    /// The newest second with a call.
+    head: Option<u32>,
+    /// No second before it holds a call.
+    tail: u32,
+}
+
+impl Calls {
+    fn new(secs: u32, calls: usize) -> Calls {
+        Calls {
+            counts: vec![0; secs.div_ceil(4) as usize],
+            secs,
+            codes: vec![0; calls],
+            end: 0,
+            len: 0,
+            head: None,
+            tail: 0,
+        }
+    }
+
+    fn count(&self, s: u32) -> u32 {
+        self.count_at((s % self.secs) as usize)
+    }
+
+    /// The count in slot `i`.
+    fn count_at(&self, i: usize) -> u32 {
+        u32::from((self.counts[i / 4] >> (i % 4 * 2)) & 3)
+    }
+
+    fn set_count(&mut self, s: u32, c: u32) {
+        let i = (s % self.secs) as usize;
+        let shift = i % 4 * 2;
+        let b = &mut self.counts[i / 4];
+        *b = (*b & !(3 << shift)) | ((c as u8) << shift);
+    }
+
+    /// Whether second `t` holds all the calls it can.
+    fn full(&self, t: u32) -> bool {
+        self.head == Some(t) && self.count(t) == CALLS_PER_SECOND
+    }
+
+    /// A call of second `t`, not older than the newest.
+    fn push(&mut self, t: u32, code: u16) {
+        if let Some(h) = self.head.filter(|&h| t > h) {
+            // The seconds after h take the slots of those that fall out of the hour.
+            for s in (h + 1).max(t.saturating_sub(self.secs - 1))..=t {
+                self.len -= self.count(s) as usize;
+                self.set_count(s, 0);
+            }
+        }
+        self.head = Some(t);
+        self.tail = self.tail.max((t + 1).saturating_sub(self.secs));
+        if self.len == self.codes.len() {
+            // More calls than an hour of cycles (only when the clock stepped): the
+            // oldest goes.
+            while self.count(self.tail) == 0 {
+                self.tail += 1;
+            }
+            let c = self.count(self.tail);
+            self.set_count(self.tail, c - 1);
+            self.len -= 1;
+        }
+        self.codes[self.end] = code;
+        self.end = (self.end + 1) % self.codes.len();
+        self.len += 1;
+        let c = self.count(t);
+        self.set_count(t, c + 1);
+    }
+
+    /// The seconds at or after `from` with calls, oldest first.
+    fn each(&self, from: u32, mut f: impl FnMut(LatencyPoint)) {
+        let Some(h) = self.head else {
+            return;
+        };
+        let seconds = from.max((h + 1).saturating_sub(self.secs))..h + 1;
+        let slots = || slots_from(seconds.start, seconds.len(), self.secs as usize);
+        let k: usize = slots().map(|i| self.count_at(i) as usize).sum();
+        let cap = self.codes.len();
+        let mut i = (self.end + cap - k) % cap;
+        for (s, slot) in seconds.clone().zip(slots()) {
+            let c = self.count_at(slot) as usize;
+            if c == 0 {
+                continue;
+            }
+            if c == 1 {
+                // The usual second: its one call is its min, median and max.
+                let v = decode(self.codes[i]);
+                i = if i + 1 == cap { 0 } else { i + 1 };
+                f(LatencyPoint {
+                    t: s,
+                    count: 1,
+                    min: v,
+                    p50: v,
+                    max: v,
+                });
+                continue;
+            }
+            let mut v = [0u16; CALLS_PER_SECOND as usize];
+            for x in &mut v[..c] {
+                *x = self.codes[i];
+                i = if i + 1 == cap { 0 } else { i + 1 };
+            }
+            let v = &mut v[..c];
+            v.sort_unstable();
+            let p50 = if c % 2 == 1 {
+                decode(v[c / 2])
+            } else {
+                quantise((decode(v[c / 2 - 1]) + decode(v[c / 2])) / 2.0)
+            };
+            f(LatencyPoint {
+                t: s,
+                count: c as u32,
+                min: decode(v[0]),
+                p50,
+                max: decode(v[c - 1]),
+            });
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.counts.capacity() + self.codes.capacity() * 2
+    }
+}
+
+/// The seconds of a series at intervals under 1 s: a summary per second of the hour.
+struct Seconds {
+    closed: Wheel<Summary>,
+    open: Option<Open>,
+}
+
+impl Seconds {
+    /// A call of second `t`, not older than the one being filled.
+    fn push(&mut self, t: u32, v: f32) {
+        match &mut self.open {
+            Some(o) if o.t == t => o.add(v),
+            Some(o) => {
+                self.closed.set(o.t, o.summary());
+                self.open = Some(Open::new(t, v));
+            }
+            None => self.open = Some(Open::new(t, v)),
+        }
+    }
+
+    fn each(&self, from: u32, mut f: impl FnMut(LatencyPoint)) {
+        for (t, s) in self.closed.since(from) {
+            if s.count > 0 {
+                f(s.point(t));
+            }
+        }
+        if let Some(o) = self.open.as_ref().filter(|o| o.t >= from) {
+            f(o.summary().point(o.t));
+        }
+    }
+}
+
+/// How a series keeps its seconds (module doc).
+enum Fine {
+    Calls(Calls),
+    Seconds(Seconds),
+}
+
+impl Fine {
+    /// The most points it can hold.
+    fn max_points(&self) -> usize {
+        match self {
+            Fine::Calls(c) => c.codes.len(),
+            Fine::Seconds(s) => s.closed.slots.len() + 1,
+        }
+    }
+
+    fn each(&self, from: u32, f: impl FnMut(LatencyPoint)) {
+        match self {
+            Fine::Calls(c) => c.each(from, f),
+            Fine::Seconds(s) => s.each(from, f),
+        }
+    }
+}
+
+/// A step being folded from its seconds, as [`step_latency`] folds them.
 #[derive(Clone, Copy)]
-struct CoarseOpen {
+struct StepFold {
     t: u32,
     count: u32,
     min: f32,
@@ -173,18 +506,16 @@ struct CoarseOpen {
     medians: [(f32, u32); COARSE_STEP as usize],
 }
 
-impl CoarseOpen {
-    fn new(p: &LatencyPoint) -> CoarseOpen {
-        let mut c = CoarseOpen {
-            t: p.t - p.t % COARSE_STEP,
+impl StepFold {
+    fn new(t: u32) -> StepFold {
+        StepFold {
+            t,
             count: 0,
             min: f32::INFINITY,
             max: f32::NEG_INFINITY,
             n: 0,
             medians: [(0.0, 0); COARSE_STEP as usize],
-        };
-        c.add(p);
-        c
+        }
     }
 
     fn add(&mut self, p: &LatencyPoint) {
@@ -223,86 +554,99 @@ fn weighted_median(v: &mut [(f32, u32)]) -> f32 {
 }
 
 struct LatencyRing {
-    done: Ring<LatencyPoint>,
-    open: Option<Open>,
-    /// The same calls in steps of `COARSE_STEP` seconds.
-    coarse: Ring<LatencyPoint>,
-    coarse_open: Option<CoarseOpen>,
+    fine: Fine,
+    /// The closed `COARSE_STEP` steps, at intervals under `COARSE_STEP`.
+    coarse: Option<Wheel<Summary>>,
+    /// The newest second with a call.
+    head: Option<u32>,
 }
 
 impl LatencyRing {
-    /// The rings for an hour of calls every `interval`.
+    /// The storage for an hour of calls every `interval`.
     fn new(interval: Duration) -> LatencyRing {
-        let coarse = interval.max(Duration::from_secs(COARSE_STEP as u64));
+        // The hour whole beside the second being filled.
+        let secs = RETAIN.as_secs() as u32 + 2;
+        let fine = if interval >= Duration::from_secs(1) {
+            // A few more than the cycles of an hour: the wall clock may run a little
+            // slow against the lane's schedule.
+            Fine::Calls(Calls::new(secs, slots_for(interval) + 2))
+        } else {
+            Fine::Seconds(Seconds {
+                closed: Wheel::new(secs as usize - 1),
+                open: None,
+            })
+        };
+        let coarse = (interval < Duration::from_secs(COARSE_STEP as u64))
+            .then(|| Wheel::new(secs.div_ceil(COARSE_STEP) as usize + 1));
         LatencyRing {
-            done: Ring::new(slots_for(interval)),
-            open: None,
-            coarse: Ring::new(slots_for(coarse)),
-            coarse_open: None,
+            fine,
+            coarse,
+            head: None,
         }
     }
 
     fn record(&mut self, t: u32, seconds: f32) {
-        match &mut self.open {
-            Some(o) if o.t == t => o.add(seconds),
-            // A clock stepped back: fold into the open slot rather than go back in time.
-            Some(o) if t < o.t => o.add(seconds),
-            Some(o) => {
-                let p = o.point();
-                self.done.push(p);
-                self.open = Some(Open::new(t, seconds));
-                self.fold_coarse(&p);
+        // A clock stepped back: into the newest second rather than back in time.
+        let mut t = self.head.map_or(t, |h| h.max(t));
+        if let Fine::Calls(c) = &self.fine {
+            if c.full(t) {
+                t += 1;
             }
-            None => self.open = Some(Open::new(t, seconds)),
         }
-    }
-
-    fn fold_coarse(&mut self, p: &LatencyPoint) {
-        match &mut self.coarse_open {
-            Some(c) if c.t == p.t - p.t % COARSE_STEP => c.add(p),
-            Some(c) => {
-                let done = c.point();
-                self.coarse.push(done);
-                self.coarse_open = Some(CoarseOpen::new(p));
+        if let (Some(h), Some(coarse)) = (self.head, &mut self.coarse) {
+            if t / COARSE_STEP != h / COARSE_STEP {
+                // The step of h is complete.
+                let mut s = StepFold::new(h - h % COARSE_STEP);
+                self.fine.each(s.t, |p| s.add(&p));
+                coarse.set(h / COARSE_STEP, Summary::of(&s.point()));
             }
-            None => self.coarse_open = Some(CoarseOpen::new(p)),
         }
+        match &mut self.fine {
+            Fine::Calls(c) => c.push(t, encode(seconds)),
+            Fine::Seconds(s) => s.push(t, seconds),
+        }
+        self.head = Some(t);
     }
 
     /// The one-second points at or after `from`, oldest first.
     fn since(&self, from: u32, out: &mut Vec<LatencyPoint>) {
-        let newer = self.done.iter().rev().take_while(|p| p.t >= from).count();
-        out.reserve(newer + 1);
-        out.extend(self.done.iter().skip(self.done.buf.len() - newer).copied());
-        if let Some(o) = self.open.as_ref().filter(|o| o.t >= from) {
-            out.push(o.point());
-        }
+        let seconds = self.head.map_or(0, |h| h.saturating_sub(from) as usize + 1);
+        out.reserve(seconds.min(self.fine.max_points()));
+        self.fine.each(from, |p| out.push(p));
     }
 
     /// The `COARSE_STEP`-second points whose step starts at or after `from`, oldest
-    /// first, the steps being filled included.
+    /// first, the step being filled included.
     fn since_coarse(&self, from: u32, out: &mut Vec<LatencyPoint>) {
-        let newer = self.coarse.iter().rev().take_while(|p| p.t >= from).count();
-        out.reserve(newer + 2);
-        out.extend(
-            self.coarse
-                .iter()
-                .skip(self.coarse.buf.len() - newer)
-                .copied(),
-        );
-        let mut tail = self.coarse_open;
-        if let Some(o) = &self.open {
-            let p = o.point();
-            match &mut tail {
-                Some(c) if c.t == p.t - p.t % COARSE_STEP => c.add(&p),
-                Some(c) => {
-                    out.push(c.point());
-                    tail = Some(CoarseOpen::new(&p));
-                }
-                None => tail = Some(CoarseOpen::new(&p)),
+        let Some(h) = self.head else {
+            return;
+        };
+        let Some(coarse) = &self.coarse else {
+            let mut fine = Vec::new();
+            self.since(from, &mut fine);
+            out.extend(step_latency(&fine, COARSE_STEP));
+            return;
+        };
+        let open = h - h % COARSE_STEP;
+        out.reserve((open.saturating_sub(from) / COARSE_STEP) as usize + 1);
+        for (k, s) in coarse.since(from.div_ceil(COARSE_STEP)) {
+            if s.count > 0 {
+                out.push(s.point(k * COARSE_STEP));
             }
         }
-        out.extend(tail.filter(|c| c.t >= from).map(|c| c.point()));
+        if open >= from {
+            let mut s = StepFold::new(open);
+            self.fine.each(open, |p| s.add(&p));
+            out.push(s.point());
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let fine = match &self.fine {
+            Fine::Calls(c) => c.bytes(),
+            Fine::Seconds(s) => s.closed.bytes(),
+        };
+        fine + self.coarse.as_ref().map_or(0, |c| c.bytes())
     }
 }
 
@@ -319,7 +663,7 @@ pub struct TargetHistory {
     pub series: Vec<OpSeries>,
 }
 
-/// Slots an hour needs at `interval`: one per cycle, one per second at most, and two
+/// Points an hour needs at `interval`: one per cycle, one per second at most, and two
 /// more: the hour is kept whole beside the second being filled.
 fn slots_for(interval: Duration) -> usize {
     let per = interval.as_secs_f64().max(1.0);
@@ -411,8 +755,7 @@ impl History {
             return;
         };
         if let Some(s) = t.series.iter().find(|s| s.mode == mode && s.op == op) {
-            let v = round_sig(elapsed.as_secs_f32(), 4);
-            lock(&s.ring).record(unix_secs(at), v);
+            lock(&s.ring).record(unix_secs(at), elapsed.as_secs_f32());
         }
     }
 
@@ -472,18 +815,15 @@ impl History {
             .collect()
     }
 
-    /// Bytes allocated for the points of every series (the rings are allocated whole
-    /// when a target is added, so this is what an hour of history costs).
+    /// Bytes allocated for every series (each with all it stores, the 10 s steps
+    /// included) and the kernel ring: they are allocated whole when a target is added,
+    /// so this is what an hour of history costs.
     pub fn allocated_bytes(&self) -> usize {
         let targets = self.targets.read().unwrap_or_else(|e| e.into_inner());
         let lat: usize = targets
             .values()
             .flat_map(|t| t.series.iter())
-            .map(|s| {
-                std::mem::size_of::<OpSeries>()
-                    + lock(&s.ring).done.bytes()
-                    + std::mem::size_of::<Open>()
-            })
+            .map(|s| std::mem::size_of::<OpSeries>() + lock(&s.ring).bytes())
             .sum();
         lat + lock(&self.kernel).ring.bytes()
     }
@@ -594,70 +934,225 @@ mod tests {
         Duration::from_millis(v)
     }
 
-    #[test]
-    fn one_call_per_second_is_kept_as_measured_and_faster_ones_are_summarised() {
+    fn us(v: u64) -> Duration {
+        Duration::from_micros(v)
+    }
+
+    /// A xorshift step, for latencies and times that do not line up by accident.
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    /// One (Create, Create) series of target 0 probed every `interval`.
+    fn one_series(interval: Duration) -> History {
         let h = History::new();
-        h.add_target(3, "t", &[(Mode::Overwrite, Op::Fsync)], ms(100));
-        for (i, v) in [5u64, 1, 9, 3].iter().enumerate() {
-            h.record(
-                3,
-                Mode::Overwrite,
-                Op::Fsync,
-                ms(*v),
-                at(1000) + ms(i as u64),
-            );
-        }
-        h.record(3, Mode::Overwrite, Op::Fsync, ms(7), at(1002));
-        // Another op or target is not this series.
-        h.record(3, Mode::Overwrite, Op::Write, ms(700), at(1002));
-        h.record(4, Mode::Overwrite, Op::Fsync, ms(700), at(1002));
-        let s = &h.target(3).unwrap().series[0];
-        let p = s.since(0);
-        assert_eq!(p.len(), 2, "{p:?}");
-        assert_eq!((p[0].t, p[0].count), (1000, 4));
-        assert_eq!((p[0].min, p[0].max), (0.001, 0.009));
-        assert!(
-            (p[0].p50 - 0.004).abs() < 1e-6,
-            "median of 1,3,5,9 ms: {}",
-            p[0].p50
-        );
-        assert_eq!((p[1].t, p[1].count, p[1].p50), (1002, 1, 0.007));
-        assert_eq!(
-            s.since(1001),
-            vec![p[1]],
-            "since is inclusive, in Unix seconds"
-        );
+        h.add_target(0, "t", &[(Mode::Create, Op::Create)], interval);
+        h
+    }
+
+    fn points(h: &History, from: u32) -> Vec<LatencyPoint> {
+        h.target(0).unwrap().series[0].since(from)
+    }
+
+    fn rel(a: f32, b: f32) -> f64 {
+        ((a as f64 - b as f64) / b as f64).abs()
     }
 
     #[test]
-    fn latencies_are_kept_to_four_digits() {
-        assert_eq!(round_sig(0.001_234_567, 4), 0.001_235);
-        assert_eq!(round_sig(12.345_67, 4), 12.35);
-        assert_eq!(round_sig(0.0, 4), 0.0);
+    fn codes_keep_a_latency_within_a_2048th_of_itself() {
+        let mut x = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            // Log-uniform from 1 ns to 10^6 s.
+            let v = (10f64.powf(-9.0 + 15.0 * (next(&mut x) % 1_000_000) as f64 / 1e6)) as f32;
+            let got = quantise(v);
+            assert!(rel(got, v) <= 1.0 / 2048.0, "{v} kept as {got}");
+        }
+        // Every code stands for one latency, in order, and encodes back to itself.
+        let mut prev = -1.0f32;
+        for c in 0..=u16::MAX {
+            let v = decode(c);
+            assert!(v > prev, "code {c}: {v} after {prev}");
+            assert_eq!(encode(v), c, "{v}");
+            prev = v;
+        }
+        assert_eq!(encode(0.0), 0);
+        assert_eq!(decode(0), 0.0);
+        assert_eq!(encode(1e-13), 0, "under a picosecond is zero");
+        assert!(decode(u16::MAX) > 1.6e7, "194 days: {}", decode(u16::MAX));
+        assert_eq!(encode(1e9), u16::MAX, "beyond, the largest");
+        assert_eq!(encode(f32::INFINITY), u16::MAX);
+    }
+
+    #[test]
+    fn every_cycle_is_kept_for_an_hour_at_one_and_ten_seconds() {
+        for interval in [1u64, 10] {
+            let h = one_series(Duration::from_secs(interval));
+            let mut x = 88172645463325252u64;
+            let mut calls = Vec::new();
+            // Two hours of cycles; each call returns somewhere in its cycle's second.
+            for i in 0..2 * RETAIN.as_secs() / interval {
+                let t = 100_000 + i * interval;
+                let v = us(1 + next(&mut x) % 500_000);
+                h.record(0, Mode::Create, Op::Create, v, at(t) + ms(x % 1000));
+                calls.push((t as u32, v.as_secs_f32()));
+            }
+            let last = calls.last().unwrap().0;
+            let want: Vec<_> = calls.iter().filter(|c| c.0 >= last - 3600).collect();
+            let got = points(&h, last - 3600);
+            assert_eq!(got.len(), want.len(), "every {interval} s");
+            assert_eq!(want.len() as u64, 3600 / interval + 1);
+            for (p, (t, v)) in got.iter().zip(&want) {
+                assert_eq!((p.t, p.count), (*t, 1));
+                assert!(rel(p.max, *v) <= 1.0 / 2048.0, "{} for {v}", p.max);
+                assert_eq!(
+                    (p.min, p.p50),
+                    (p.max, p.max),
+                    "one call is min = p50 = max"
+                );
+            }
+            // The hour before is gone (the wheel holds two seconds more than the hour).
+            let all = points(&h, 0);
+            assert!(all[0].t >= last - 3601, "{} kept at {last}", all[0].t);
+        }
+    }
+
+    #[test]
+    fn a_second_with_two_calls_keeps_both_and_an_empty_second_is_no_point() {
+        let h = one_series(Duration::from_secs(1));
+        let rec = |v: Duration, t: SystemTime| h.record(0, Mode::Create, Op::Create, v, t);
+        rec(ms(500), at(100) + ms(200));
+        // A slow call of the cycle started at 100.8 returns at 101.1, the next (101.8) is
+        // fast: two calls in second 101, none in 102.
+        rec(ms(300), at(101) + ms(100));
+        rec(ms(5), at(101) + ms(900));
+        rec(ms(7), at(103) + ms(300));
+        // Another op or target is not this series.
+        h.record(0, Mode::Overwrite, Op::Write, ms(700), at(102));
+        h.record(4, Mode::Create, Op::Create, ms(700), at(102));
+        let p = points(&h, 0);
+        let summary: Vec<_> = p.iter().map(|p| (p.t, p.count)).collect();
+        assert_eq!(summary, [(100, 1), (101, 2), (103, 1)], "{p:?}");
+        assert_eq!((p[1].min, p[1].max), (quantise(0.005), quantise(0.3)));
+        assert_eq!(p[1].p50, quantise((quantise(0.005) + quantise(0.3)) / 2.0));
         assert_eq!(
-            serde_json::to_string(&round_sig(0.000_018_972_341, 4)).unwrap(),
-            "0.00001897"
+            points(&h, 102),
+            vec![p[2]],
+            "since is inclusive, in Unix seconds"
         );
+        // The wall clock stepped back: into the newest second, and a fourth call of a
+        // second into the next one.
+        for v in [1, 2, 3] {
+            rec(ms(v), at(50));
+        }
+        let p = points(&h, 103);
+        let summary: Vec<_> = p.iter().map(|p| (p.t, p.count)).collect();
+        assert_eq!(summary, [(103, 3), (104, 1)], "{p:?}");
+        assert_eq!(
+            (p[0].min, p[0].p50, p[0].max),
+            (quantise(0.001), quantise(0.002), quantise(0.007))
+        );
+        assert_eq!(p[1].max, quantise(0.003));
+    }
+
+    #[test]
+    fn faster_than_a_second_each_second_is_summarised() {
+        let h = one_series(ms(100));
+        for (i, v) in [5u64, 1, 9, 3].iter().enumerate() {
+            h.record(
+                0,
+                Mode::Create,
+                Op::Create,
+                ms(*v),
+                at(1000) + ms(i as u64 * 100),
+            );
+        }
+        h.record(0, Mode::Create, Op::Create, ms(7), at(1002));
+        let p = points(&h, 0);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!((p[0].t, p[0].count), (1000, 4));
+        assert_eq!((p[0].min, p[0].max), (quantise(0.001), quantise(0.009)));
+        assert_eq!(p[0].p50, quantise(0.004), "median of 1,3,5,9 ms");
+        assert_eq!((p[1].t, p[1].count, p[1].p50), (1002, 1, quantise(0.007)));
+        // An hour of ten calls a second: every second, as the calls were.
+        let h = one_series(ms(100));
+        let t0 = 200_000;
+        for s in 0..RETAIN.as_secs() + 600 {
+            for k in 0..10 {
+                let v = us(100 * (k + 1) + s % 7);
+                h.record(0, Mode::Create, Op::Create, v, at(t0 + s) + ms(k * 100));
+            }
+        }
+        let last = (t0 + RETAIN.as_secs() + 599) as u32;
+        let p = points(&h, last - 3600);
+        assert_eq!(p.len(), 3601);
+        for (i, p) in p.iter().enumerate() {
+            let s = (last - 3600 - t0 as u32) as u64 + i as u64;
+            let (lo, hi) = (100 + s % 7, 1000 + s % 7);
+            assert_eq!((p.t, p.count), (last - 3600 + i as u32, 10));
+            assert_eq!(
+                (p.min, p.max),
+                (quantise(lo as f32 / 1e6), quantise(hi as f32 / 1e6))
+            );
+            // The median of 10 calls, 100 µs apart: between the fifth and the sixth.
+            let mid = (500 + 600) as f32 / 2e6 + (s % 7) as f32 / 1e6;
+            assert!(rel(p.p50, mid) <= 1.0 / 2048.0, "{} for {mid}", p.p50);
+        }
     }
 
     #[test]
     fn an_hour_is_kept_and_no_more_at_any_interval() {
-        for interval in [ms(100), ms(1000), ms(10_000)] {
-            let h = History::new();
-            h.add_target(0, "t", &[(Mode::Create, Op::Create)], interval);
-            let step = interval.as_millis().max(1000) as u64 / 1000;
-            let hours = 2 * RETAIN.as_secs();
-            for s in (0..hours).step_by(step as usize) {
-                h.record(0, Mode::Create, Op::Create, ms(1), at(10_000 + s));
+        for interval in [ms(100), ms(500), ms(1000), ms(1500), ms(10_000), ms(60_000)] {
+            let h = one_series(interval);
+            let step = interval.as_millis() as u64;
+            let hours = 2 * RETAIN.as_millis() as u64;
+            let mut last = 0;
+            for t in (0..hours).step_by(step as usize) {
+                h.record(0, Mode::Create, Op::Create, ms(1), at(10_000) + ms(t));
+                last = 10_000 + t / 1000;
             }
-            let p = h.target(0).unwrap().series[0].since(0);
+            let p = points(&h, 0);
             let span = p.last().unwrap().t - p.first().unwrap().t;
-            assert!(span as u64 >= RETAIN.as_secs(), "{interval:?}: {span} s");
+            assert_eq!(p.last().unwrap().t as u64, last, "{interval:?}");
+            let cycle = step.div_ceil(1000) as u32;
             assert!(
-                (span as u64) < RETAIN.as_secs() + 100,
+                span + cycle > RETAIN.as_secs() as u32,
                 "{interval:?}: {span} s"
             );
+            assert!(
+                span <= RETAIN.as_secs() as u32 + 1,
+                "{interval:?}: {span} s"
+            );
+            let calls: u32 = p.iter().map(|p| p.count).sum();
+            let want = (span as u64 * 1000 / step.max(1)) as u32;
+            assert!(
+                calls.abs_diff(want) <= 11,
+                "{interval:?}: {calls} calls, {want}"
+            );
         }
+    }
+
+    #[test]
+    fn more_calls_than_an_hour_of_cycles_drops_the_oldest() {
+        // Three calls a second at a 10 s interval (only a clock stepping back could do
+        // this): 364 calls kept, the newest, and still in their seconds.
+        let h = one_series(ms(10_000));
+        for s in 0..1000u64 {
+            for k in 0..3 {
+                h.record(0, Mode::Create, Op::Create, us(s * 3 + k + 1), at(5000 + s));
+            }
+        }
+        let p = points(&h, 0);
+        let calls: u32 = p.iter().map(|p| p.count).sum();
+        assert_eq!(calls, 364);
+        assert_eq!(p.len(), 122, "121 seconds whole and one with a call left");
+        assert_eq!((p[0].t, p[0].count), (5878, 1));
+        let last = p.last().unwrap();
+        assert_eq!((last.t, last.count), (5999, 3));
+        assert_eq!((last.min, last.max), (quantise(2998e-6), quantise(3000e-6)));
+        assert_eq!(p[0].max, quantise(2637e-6), "the newest of second 5878");
     }
 
     #[test]
@@ -681,26 +1176,13 @@ mod tests {
     }
 
     #[test]
-    fn the_coarse_ring_answers_as_folding_the_seconds_would() {
-        let h = History::new();
-        h.add_target(0, "t", &[(Mode::Create, Op::Create)], ms(100));
-        let mut x: u64 = 88172645463325252;
-        for i in 0..2000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            h.record(
-                0,
-                Mode::Create,
-                Op::Create,
-                ms(1 + x % 50),
-                at(7_000) + ms(i * 130),
-            );
-        }
-        let s = &h.target(0).unwrap().series[0];
-        for from in [0, 7_003, 7_010, 7_250] {
+    fn the_coarse_steps_answer_as_folding_the_seconds_would() {
+        fn check(s: &OpSeries, from: u32, what: &str) {
             let want = step_latency(&s.since(from - from % 10), 10);
-            assert_eq!(s.stepped(from, 10), want, "from {from}");
+            let got = s.stepped(from, 10);
+            let diff = got.iter().zip(&want).find(|(a, b)| a != b);
+            assert_eq!(diff, None, "{what} from {from}");
+            assert_eq!(got.len(), want.len(), "{what} from {from}");
             // Longer steps fold the 10 s steps: the same counts and extremes; the median
             // is the weighted median of the 10 s medians.
             for step in [20, 60] {
@@ -709,10 +1191,39 @@ mod tests {
                 let key = |v: &[LatencyPoint]| -> Vec<(u32, u32, f32, f32)> {
                     v.iter().map(|p| (p.t, p.count, p.min, p.max)).collect()
                 };
-                assert_eq!(key(&got), key(&want), "from {from} step {step}");
+                assert_eq!(key(&got), key(&want), "{what} from {from} step {step}");
             }
         }
-        assert_eq!(s.stepped(7_003, 5), step_latency(&s.since(7_003), 5));
+        // At 100 ms and at 1 s from the 10 s wheel; at 10 s folded from the calls.
+        for (interval, every) in [(100, 130), (1000, 1000), (10_000, 10_000)] {
+            let h = one_series(ms(interval));
+            let mut x: u64 = 88172645463325252;
+            let mut record = |from_ms: u64, to_ms: u64| {
+                for i in from_ms / every..to_ms / every {
+                    let jitter = next(&mut x) % interval.min(1000);
+                    let t = at(7_000) + ms(i * every + jitter);
+                    h.record(0, Mode::Create, Op::Create, ms(1 + x % 50), t);
+                }
+            };
+            let what = format!("{interval} ms");
+            let s = &h.target(0).unwrap().series[0];
+            // The first minutes, then well past the hour (its first step may be only
+            // partly in the one-second points, so not from the hour's very edge).
+            record(0, 300_000);
+            for from in [0, 7_003, 7_010, 7_250] {
+                check(s, from, &what);
+            }
+            assert_eq!(s.stepped(7_003, 5), step_latency(&s.since(7_003), 5));
+            record(300_000, 20_000_000);
+            for from in [23_410, 24_003, 26_000, 26_995] {
+                check(s, from, &what);
+            }
+            let hour = s.stepped(27_000 - 3600, 10).len();
+            assert!(
+                (359..=361).contains(&hour),
+                "{what}: {hour} steps in the hour"
+            );
+        }
     }
 
     fn sample(at: Instant, dirty: u64, some: f64) -> VmSample {
@@ -752,37 +1263,25 @@ mod tests {
         assert_eq!((s.len(), s[0].t, s[0].dirty_bytes), (1, 2000, 30));
     }
 
-    /// The memory figure of README/BENCHMARKS.md: 8 targets with every mode (13 ops
-    /// each) at the 100 ms minimum interval, so every one-second slot of the hour is
-    /// filled, plus the kernel ring. Run with `--nocapture` to see it.
-    #[test]
-    fn memory_of_a_full_hour_with_eight_targets() {
+    /// `targets` targets, each with `ops` at `interval`, filled for an hour and ten
+    /// minutes more; the bytes allocated, checked to stay what adding the targets took.
+    fn full_hour(targets: usize, ops: &[(Mode, Op)], interval: Duration) -> (History, usize) {
         let h = History::new();
-        let ops: Vec<(Mode, Op)> = [
-            Mode::Create,
-            Mode::Overwrite,
-            Mode::Direct,
-            Mode::Replace,
-            Mode::Append,
-        ]
-        .iter()
-        .flat_map(|&m| {
-            crate::op::ops_of(m, crate::config::SyncKind::Fsync)
-                .iter()
-                .map(move |&o| (m, o))
-        })
-        .collect();
-        assert_eq!(ops.len(), 13);
-        for i in 0..8 {
-            h.add_target(i, &format!("t{i}"), &ops, ms(100));
+        for i in 0..targets {
+            h.add_target(i, &format!("t{i}"), ops, interval);
         }
         let before = h.allocated_bytes();
+        let per_second = (1000 / interval.as_millis().min(1000)) as u64;
         let t0 = Instant::now();
-        for s in 0..RETAIN.as_secs() + 60 {
-            for i in 0..8 {
-                for &(m, o) in &ops {
-                    for k in 0..10 {
-                        h.record(i, m, o, ms(k + 1), at(50_000 + s) + ms(k * 100));
+        for s in 0..RETAIN.as_secs() + 600 {
+            if !s.is_multiple_of(interval.as_secs().max(1)) {
+                continue;
+            }
+            for i in 0..targets {
+                for &(m, o) in ops {
+                    for k in 0..per_second {
+                        let gap = interval.as_millis() as u64 * k;
+                        h.record(i, m, o, ms(k + 1), at(50_000 + s) + ms(gap));
                     }
                 }
             }
@@ -792,10 +1291,58 @@ mod tests {
             );
         }
         assert_eq!(h.allocated_bytes(), before, "allocated once, never grows");
-        let full = h.target(7).unwrap().series[12].since(0).len();
-        assert!(full as u64 > RETAIN.as_secs(), "{full} points");
-        let mib = before as f64 / (1 << 20) as f64;
-        println!("history: 8 targets x 13 ops at 100 ms + kernel, full hour: {before} bytes = {mib:.2} MiB");
-        assert!(mib <= 8.0, "{mib:.2} MiB");
+        let last = h.target(targets - 1).unwrap();
+        let full = last.series[ops.len() - 1].since(0).len();
+        let cycles = RETAIN.as_millis() / interval.as_millis().max(1000);
+        assert!(full as u128 > cycles, "{full} points");
+        (h, before)
+    }
+
+    fn ops_of(modes: &[Mode]) -> Vec<(Mode, Op)> {
+        modes
+            .iter()
+            .flat_map(|&m| {
+                crate::op::ops_of(m, crate::config::SyncKind::Fsync)
+                    .iter()
+                    .map(move |&o| (m, o))
+            })
+            .collect()
+    }
+
+    /// The memory figures of README/BENCHMARKS.md, each filled synthetically for a full
+    /// hour with the kernel ring: 8 and 64 targets with the default modes (5 ops) at a
+    /// 1 s interval (and 8 at the default 10 s), and the worst case the configuration allows, 8 targets with every
+    /// mode (13 ops each) at the 100 ms minimum, every second of the hour filled. Run
+    /// with `--nocapture` to see them.
+    #[test]
+    fn memory_of_a_full_hour_with_eight_targets() {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        let defaults = ops_of(&[Mode::Create, Mode::Overwrite]);
+        assert_eq!(defaults.len(), 5);
+        let every = ops_of(&[
+            Mode::Create,
+            Mode::Overwrite,
+            Mode::Direct,
+            Mode::Replace,
+            Mode::Append,
+        ]);
+        assert_eq!(every.len(), 13);
+        for (targets, ops, interval, cap) in [
+            (8, &defaults, ms(1000), 0.7),
+            (8, &defaults, ms(10_000), 0.3),
+            (64, &defaults, ms(1000), 4.0),
+            (8, &every, ms(100), 4.5),
+        ] {
+            let (_, bytes) = full_hour(targets, ops, interval);
+            let series = targets * ops.len();
+            println!(
+                "history: {targets} targets x {} ops at {} ms + kernel, full hour: {bytes} bytes = {:.2} MiB ({} bytes a series)",
+                ops.len(),
+                interval.as_millis(),
+                mib(bytes),
+                (bytes - 3602 * std::mem::size_of::<KernelPoint>()) / series,
+            );
+            assert!(mib(bytes) <= cap, "{:.2} MiB", mib(bytes));
+        }
     }
 }
