@@ -101,26 +101,18 @@ impl<T: Default> SeriesMap<T> {
 
     /// `{a="x",b="y"` (without the closing brace), as [`sample`] takes a metric's labels.
     fn render(&self, values: &[&str]) -> String {
+        let pairs: Vec<(&str, &str)> = self
+            .order
+            .iter()
+            .map(|&i| (self.labels[i], values[i]))
+            .collect();
         let mut s = String::new();
-        for (n, &i) in self.order.iter().enumerate() {
-            s.push(if n == 0 { '{' } else { ',' });
-            s.push_str(self.labels[i]);
-            s.push_str("=\"");
-            s.push_str(&escape(values[i], true));
-            s.push('"');
-        }
+        labels_into(&mut s, &pairs);
         s
     }
 
     fn header(&self, out: &mut String, kind: &str) {
-        if !self.help.is_empty() {
-            for part in ["# HELP ", &self.name, " ", &escape(&self.help, false), "\n"] {
-                out.push_str(part);
-            }
-        }
-        for part in ["# TYPE ", &self.name, " ", kind, "\n"] {
-            out.push_str(part);
-        }
+        header(out, &self.name, &self.help, kind);
     }
 }
 
@@ -293,6 +285,30 @@ impl Family for HistogramVec {
             sample(out, name, "_sum", labels, None, c.sum, 0);
             sample(out, name, "_count", labels, None, c.count as f64, 0);
         }
+    }
+}
+
+/// `# HELP` (when there is help) and `# TYPE` lines of a family.
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    if !help.is_empty() {
+        for part in ["# HELP ", name, " ", &escape(help, false), "\n"] {
+            out.push_str(part);
+        }
+    }
+    for part in ["# TYPE ", name, " ", kind, "\n"] {
+        out.push_str(part);
+    }
+}
+
+/// Appends `{a="x",b="y"` (without the closing brace) for `pairs`, which must be in
+/// label-name order: a metric's labels as [`sample`] takes them.
+pub(crate) fn labels_into(out: &mut String, pairs: &[(&str, &str)]) {
+    for (n, (k, v)) in pairs.iter().enumerate() {
+        out.push(if n == 0 { '{' } else { ',' });
+        out.push_str(k);
+        out.push_str("=\"");
+        out.push_str(&escape(v, true));
+        out.push('"');
     }
 }
 
