@@ -1085,24 +1085,33 @@ def fio_append_syscalls(fs, work):
     return out
 
 
+APPEND_TOOLS = ["sw", "fio", "fio_grow", "ctl_open", "ctl_reopen"]
+
+
+def run_append_tool(args, fs, tool, n, paced, tag):
+    """One run of `tool` (one of APPEND_TOOLS) on `fs`; `tag` names fio's latency log."""
+    if tool == "sw":
+        return run_stallwatch_append(args.bin, fs, n, paced)
+    if tool.startswith("ctl"):
+        return run_append_control(fs, n, paced, keep_open=(tool == "ctl_open"))
+    return run_fio_append(fs, n, args.work, tag, paced, prealloc=(tool == "fio"))
+
+
 def append_warmup(args, fss, n):
     """One unmeasured back-to-back run of every tool on every filesystem before the
     measured rounds. On a new filesystem the first runs of every tool are slower, and
     `stallwatch probe` makes a new .stallwatch directory per run, which XFS (inode64)
-    places in the next allocation group: its first four runs on the 4-AG XFS each write
-    where no run has written yet (BENCHMARKS.md, runs 16-18)."""
+    places in the next allocation group: on the 4-AG XFS it runs four times, once per
+    allocation group (BENCHMARKS.md, runs 16-19)."""
     for fs in fss:
-        for _ in range(4 if fs.kind == "xfs" else 1):
-            run_stallwatch_append(args.bin, fs, n, False)
-        run_fio_append(fs, n, args.work, f"warm-{fs.name}-fio", False, prealloc=True)
-        run_fio_append(fs, n, args.work, f"warm-{fs.name}-grow", False, prealloc=False)
-        run_append_control(fs, n, False, keep_open=True)
-        run_append_control(fs, n, False, keep_open=False)
+        for t in APPEND_TOOLS:
+            for _ in range(4 if t == "sw" and fs.kind == "xfs" else 1):
+                run_append_tool(args, fs, t, n, False, f"warm-{fs.name}-{t}")
     log(f"append accuracy: warm-up done ({n} requests per tool and filesystem, not counted)")
 
 
 def append_accuracy(args, fss, paced, rounds, n):
-    tools = ["sw", "fio", "fio_grow", "ctl_open", "ctl_reopen"]
+    tools = APPEND_TOOLS
     res = {f.name: {t: [] for t in tools} for f in fss}
     label = f"paced {PACE_MS} ms" if paced else "back-to-back"
     p0, t0 = io_pressure(), time.monotonic()
@@ -1111,13 +1120,7 @@ def append_accuracy(args, fss, paced, rounds, n):
         for fs in (fss if rnd % 2 == 0 else fss[::-1]):
             r = res[fs.name]
             for t in order:
-                if t == "sw":
-                    r["sw"].append(run_stallwatch_append(args.bin, fs, n, paced))
-                elif t.startswith("ctl"):
-                    r[t].append(run_append_control(fs, n, paced, keep_open=(t == "ctl_open")))
-                else:
-                    r[t].append(run_fio_append(fs, n, args.work, f"ap-{fs.name}-{int(paced)}-{rnd}-{t}",
-                                               paced, prealloc=(t == "fio")))
+                r[t].append(run_append_tool(args, fs, t, n, paced, f"ap-{fs.name}-{int(paced)}-{rnd}-{t}"))
         log(f"append accuracy {label} round {rnd + 1}/{rounds}: " + "; ".join(
             f"{nm} fdatasync p50/p99 stallwatch {us(pct(r['sw'][-1]['sync'], 50))}/"
             f"{us(pct(r['sw'][-1]['sync'], 99))} fio {us(pct(r['fio'][-1]['sync'], 50))}/"
