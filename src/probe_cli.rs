@@ -417,14 +417,13 @@ pub fn run(args: ProbeArgs) -> ExitCode {
     let mut notice: Option<(u64, Duration)> = None;
     let mut blocked: Option<Busy> = None;
     let mut left_behind = false;
-    loop {
+    'report: loop {
         // Woken by a 100 ms tick, not by each cycle's message: a thread woken as every
         // cycle ends takes a CPU just when the next cycle's calls need the kernel's
         // workers (the loop device's, the filesystem's log), and the probe times itself
         // against its own reporting (BENCHMARKS.md, runs 14 and 15: back to back on a
         // 2-CPU VM, XFS, fdatasync p50 1.22 -> 1.09 times an in-process loop's).
         std::thread::sleep(Duration::from_millis(100));
-        let mut finished = false;
         loop {
             match rx.try_recv() {
                 Ok(Msg::Cycle(seq, lats, errs)) => {
@@ -432,22 +431,15 @@ pub fn run(args: ProbeArgs) -> ExitCode {
                 }
                 Ok(Msg::Done { left_behind: l }) => {
                     left_behind = l;
-                    finished = true;
-                    break;
+                    break 'report;
                 }
                 Ok(Msg::Fatal(e)) => {
                     eprintln!("Error: {e}");
                     return ExitCode::from(EXIT_FAILED);
                 }
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    finished = true;
-                    break;
-                }
+                Err(mpsc::TryRecvError::Disconnected) => break 'report,
                 Err(mpsc::TryRecvError::Empty) => break,
             }
-        }
-        if finished {
-            break;
         }
         let Some(busy) = live.current() else {
             continue;
