@@ -31,6 +31,7 @@
 //! system call, so a lane never waits on a page load beyond that copy.
 
 use std::collections::BTreeMap;
+use std::ops::{Range, RangeInclusive};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -168,7 +169,7 @@ impl<T: Copy + Default> Wheel<T> {
     fn set(&mut self, k: u32, v: T) {
         let n = self.len();
         if let Some(h) = self.head.filter(|&h| k > h) {
-            for key in (h + 1).max(k.saturating_sub(n - 1))..=k {
+            for key in passed(h, k, n) {
                 self.slots[(key % n) as usize] = T::default();
             }
         }
@@ -179,7 +180,7 @@ impl<T: Copy + Default> Wheel<T> {
     /// The keys at or after `from` the wheel still holds, oldest first, with their slots.
     fn since(&self, from: u32) -> impl Iterator<Item = (u32, T)> + '_ {
         let keys = match self.head {
-            Some(h) => from.max((h + 1).saturating_sub(self.len()))..h + 1,
+            Some(h) => held(h, from, self.len()),
             None => 0..0,
         };
         keys.clone()
@@ -190,6 +191,18 @@ impl<T: Copy + Default> Wheel<T> {
     fn bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<T>()
     }
+}
+
+/// The keys a ring of `len` slots whose newest key is `h` clears to take `k`, newer
+/// than `h`: those after `h`, the last `len` at most.
+fn passed(h: u32, k: u32, len: u32) -> RangeInclusive<u32> {
+    (h + 1).max(k.saturating_sub(len - 1))..=k
+}
+
+/// The keys at or after `from` that a ring of `len` slots whose newest key is `h` still
+/// holds.
+fn held(h: u32, from: u32, len: u32) -> Range<u32> {
+    from.max((h + 1).saturating_sub(len))..h + 1
 }
 
 /// The slot indices of `n` keys from `key` in a wheel of `len` slots, without a
@@ -361,7 +374,7 @@ impl Calls {
     fn push(&mut self, t: u32, code: u16) {
         if let Some(h) = self.head.filter(|&h| t > h) {
             // The seconds after h take the slots of those that fall out of the hour.
-            for s in (h + 1).max(t.saturating_sub(self.secs - 1))..=t {
+            for s in passed(h, t, self.secs) {
                 self.len -= self.count(s) as usize;
                 self.set_count(s, 0);
             }
@@ -390,7 +403,7 @@ impl Calls {
         let Some(h) = self.head else {
             return;
         };
-        let seconds = from.max((h + 1).saturating_sub(self.secs))..h + 1;
+        let seconds = held(h, from, self.secs);
         let slots = || slots_from(seconds.start, seconds.len(), self.secs as usize);
         let k: usize = slots().map(|i| self.count_at(i) as usize).sum();
         let cap = self.codes.len();
