@@ -505,6 +505,14 @@ impl Fine {
             Fine::Seconds(s) => s.each(from, f),
         }
     }
+
+    /// The newest second with a call.
+    fn head(&self) -> Option<u32> {
+        match self {
+            Fine::Calls(c) => c.head,
+            Fine::Seconds(s) => s.open.as_ref().map(|o| o.t),
+        }
+    }
 }
 
 /// A step being folded from its seconds, as [`step_latency`] folds them.
@@ -570,8 +578,6 @@ struct LatencyRing {
     fine: Fine,
     /// The closed `COARSE_STEP` steps, at intervals under `COARSE_STEP`.
     coarse: Option<Wheel<Summary>>,
-    /// The newest second with a call.
-    head: Option<u32>,
 }
 
 impl LatencyRing {
@@ -591,22 +597,19 @@ impl LatencyRing {
         };
         let coarse = (interval < Duration::from_secs(COARSE_STEP as u64))
             .then(|| Wheel::new(secs.div_ceil(COARSE_STEP) as usize + 1));
-        LatencyRing {
-            fine,
-            coarse,
-            head: None,
-        }
+        LatencyRing { fine, coarse }
     }
 
     fn record(&mut self, t: u32, seconds: f32) {
         // A clock stepped back: into the newest second rather than back in time.
-        let mut t = self.head.map_or(t, |h| h.max(t));
+        let head = self.fine.head();
+        let mut t = head.map_or(t, |h| h.max(t));
         if let Fine::Calls(c) = &self.fine {
             if c.full(t) {
                 t += 1;
             }
         }
-        if let (Some(h), Some(coarse)) = (self.head, &mut self.coarse) {
+        if let (Some(h), Some(coarse)) = (head, &mut self.coarse) {
             if t / COARSE_STEP != h / COARSE_STEP {
                 // The step of h is complete.
                 let mut s = StepFold::new(h - h % COARSE_STEP);
@@ -618,12 +621,14 @@ impl LatencyRing {
             Fine::Calls(c) => c.push(t, encode(seconds)),
             Fine::Seconds(s) => s.push(t, seconds),
         }
-        self.head = Some(t);
     }
 
     /// The one-second points at or after `from`, oldest first.
     fn since(&self, from: u32, out: &mut Vec<LatencyPoint>) {
-        let seconds = self.head.map_or(0, |h| h.saturating_sub(from) as usize + 1);
+        let seconds = self
+            .fine
+            .head()
+            .map_or(0, |h| h.saturating_sub(from) as usize + 1);
         out.reserve(seconds.min(self.fine.max_points()));
         self.fine.each(from, |p| out.push(p));
     }
@@ -631,7 +636,7 @@ impl LatencyRing {
     /// The `COARSE_STEP`-second points whose step starts at or after `from`, oldest
     /// first, the step being filled included.
     fn since_coarse(&self, from: u32, out: &mut Vec<LatencyPoint>) {
-        let Some(h) = self.head else {
+        let Some(h) = self.fine.head() else {
             return;
         };
         let Some(coarse) = &self.coarse else {
