@@ -15,9 +15,10 @@ local generated(source) = |||
     # Tests:  promtool test rules stallwatch.rules.test.yml
     #
     # Thresholds are starting points for RAID/database hosts; tune them per fleet with the
-    # dashboard's latency panels (mixin/config.libsonnet). The runbook for each alert is in
-    # the README ("Alerts"). The job name "stallwatch" matches deploy/prometheus.yml; change
-    # stallwatchJob in the mixin's _config (StallwatchAbsent) if yours differs.
+    # dashboard's latency panels (mixin/config.libsonnet). The runbook for each alert is its
+    # section of docs/alerts.md, linked from its runbook_url. The job name "stallwatch"
+    # matches deploy/prometheus.yml; change stallwatchJob in the mixin's _config
+    # (StallwatchAbsent) if yours differs.
 
   ||| + yaml(mixin.prometheusAlerts),
 
@@ -25,7 +26,7 @@ local generated(source) = |||
     # Prometheus recording rules for stallwatch, named level:metric:operations: per host,
     # target, mode and op latency quantiles, stall and error rates, calls blocked now, and
     # stall rates by kernel release and filesystem type. The fleet dashboard
-    # (grafana/stallwatch-fleet.json) reads them; the README ("Fleet") lists them.
+    # (grafana/stallwatch-fleet.json) reads them; docs/fleet.md lists them.
     #
     # Check:  promtool check rules stallwatch.recording.rules.yml
     # Tests:  promtool test rules stallwatch.recording.rules.test.yml

@@ -8,6 +8,12 @@
     // The scrape job StallwatchAbsent watches (deploy/prometheus.yml's job_name).
     stallwatchJob: 'stallwatch',
 
+    // Each alert's runbook_url: %s is its section's anchor in docs/alerts.md (the alert
+    // name in lower case). The default is the copy the Debian package installs with every
+    // agent; point it at wherever you host the docs, e.g.
+    // 'https://git.example.org/ops/stallwatch/src/branch/main/docs/alerts.md#%s'.
+    runbookURLPattern: 'file:///usr/share/doc/stallwatch/docs/alerts.md#%s',
+
     // Alert thresholds (seconds unless named otherwise) and their `for:` durations.
     // A probe inside one system call longer than this: StallwatchProbeBlocked.
     probeBlockedSeconds: 30,

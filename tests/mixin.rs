@@ -394,3 +394,98 @@ fn mixin_sources_are_jsonnetfmt_formatted() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Runbooks
+
+/// GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as `-`.
+fn heading_slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown page's headings (outside code blocks).
+fn heading_slugs(markdown: &str) -> BTreeSet<String> {
+    let mut in_code = false;
+    let mut out = BTreeSet::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.insert(heading_slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// What is wrong with the alerts' runbook links: every alert of `rules` (the YAML text of
+/// a rules file) has a `runbook_url` into docs/alerts.md whose anchor is a heading of
+/// `alerts_md`.
+fn runbook_problems(rules: &str, alerts_md: &str) -> Vec<String> {
+    let slugs = heading_slugs(alerts_md);
+    let doc: yaml_serde::Value = yaml_serde::from_str(rules).unwrap();
+    let mut problems = Vec::new();
+    for g in doc["groups"].as_sequence().expect("groups") {
+        for r in g["rules"].as_sequence().expect("rules") {
+            let name = r["alert"].as_str().expect("only alerting rules");
+            let Some(url) = r["annotations"]["runbook_url"].as_str() else {
+                problems.push(format!("{name}: no runbook_url"));
+                continue;
+            };
+            match url.split_once("docs/alerts.md#") {
+                Some((_, anchor)) if slugs.contains(anchor) => {}
+                Some((_, anchor)) => problems.push(format!(
+                    "{name}: runbook_url {url}: no heading with the anchor #{anchor} in docs/alerts.md"
+                )),
+                None => problems.push(format!(
+                    "{name}: runbook_url {url} does not point into docs/alerts.md"
+                )),
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_alert_links_to_its_runbook_section() {
+    let rules = read(&repo().join("deploy/stallwatch.rules.yml"));
+    let alerts_md = read(&repo().join("docs/alerts.md"));
+    assert!(rules.matches("- alert:").count() >= 9, "{rules}");
+    let problems = runbook_problems(&rules, &alerts_md);
+    assert!(
+        problems.is_empty(),
+        "alerts without a runbook section (edit docs/alerts.md or mixin/, then \
+         scripts/build-mixin):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// The check itself: a renamed heading and a missing runbook_url are caught.
+#[test]
+fn a_renamed_runbook_heading_is_caught() {
+    let rules = read(&repo().join("deploy/stallwatch.rules.yml"));
+    let alerts_md = read(&repo().join("docs/alerts.md"));
+    assert!(alerts_md.contains("\n## StallwatchTargetDown\n"));
+    assert_eq!(
+        runbook_problems(
+            &rules,
+            &alerts_md.replace("\n## StallwatchTargetDown\n", "\n## Target down\n")
+        ),
+        ["StallwatchTargetDown: runbook_url file:///usr/share/doc/stallwatch/docs/alerts.md#stallwatchtargetdown: \
+          no heading with the anchor #stallwatchtargetdown in docs/alerts.md"]
+    );
+    let unlinked = rules.replace(
+        "runbook_url: \"file:///usr/share/doc/stallwatch/docs/alerts.md#stallwatchabsent\"",
+        "runbook_url_: \"\"",
+    );
+    assert_ne!(unlinked, rules);
+    assert_eq!(
+        runbook_problems(&unlinked, &alerts_md),
+        ["StallwatchAbsent: no runbook_url"]
+    );
+}

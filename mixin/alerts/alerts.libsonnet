@@ -1,5 +1,8 @@
-// Alerting rules: deploy/stallwatch.rules.yml. Runbooks: README.md ("Alerts"); promtool
-// tests: deploy/stallwatch.rules.test.yml. One alert is one entry of `rules` below.
+// Alerting rules: deploy/stallwatch.rules.yml. Runbooks: docs/alerts.md, one section per
+// alert, linked from each alert's runbook_url (_config.runbookURLPattern); promtool tests:
+// deploy/stallwatch.rules.test.yml. One alert is one entry of `rules` below. Descriptions
+// say what happened with the key values and the first thing to look at; the rest of what
+// to look at and what to do is in the runbook.
 local u = import '../lib/utils.libsonnet';
 
 {
@@ -14,10 +17,15 @@ local u = import '../lib/utils.libsonnet';
       window: c.alertWindow,
       job: c.stallwatchJob,
     },
+    // Every alert links to its section of docs/alerts.md: the anchor is the heading's
+    // GitHub slug, the alert name in lower case.
+    local withRunbook(rule) = rule {
+      annotations+: { runbook_url: c.runbookURLPattern % std.asciiLower(rule.alert) },
+    },
     groups+: [
       {
         name: 'stallwatch',
-        rules: [
+        rules: std.map(withRunbook, [
           // A probe is stuck in a system call right now. The gauge rises while the call
           // is blocked, so this fires during the stall, not after it returns.
           {
@@ -31,11 +39,8 @@ local u = import '../lib/utils.libsonnet';
                 has been inside {{ $labels.op }}() for {{ $value | humanizeDuration }} and has not
                 returned; the kernel holds it in: {{ with printf "stallwatch_probe_blocked_cause{instance=%q,target=%q,mode=%q,op=%q}" $labels.instance $labels.target $labels.mode $labels.op | query }}{{ range . }}{{ .Labels.cause }}{{ end }}{{ else }}not sampled{{ end }}.
                 Applications writing to this filesystem are most likely blocked too.
-                Look at: the agent's /api/stalls (dirty and writeback bytes and md sync state
-                during the stall), dmesg for "blocked for more than" hung-task reports, the
-                dashboard's dirty/writeback and io pressure panels, `cat /proc/mdstat` for a
-                resync or check, `iostat -x 1` for the backing device, and frozen filesystems
-                (fsfreeze, snapshots).
+                Look at: http://{{ $labels.instance }}/api/stalls for the ongoing stall; the
+                runbook lists the rest.
               |||),
             },
           },
@@ -57,13 +62,9 @@ local u = import '../lib/utils.libsonnet';
               description: u.fold(|||
                 Over the last %(w)s the 99th percentile of {{ $labels.op }}() in the
                 {{ $labels.mode }} probe on {{ $labels.target }} of {{ $labels.instance }} was
-                {{ $value | humanizeDuration }} (threshold %(t)s). Databases commit with fsync, so
-                their commits are this slow too. Look at: the dashboard's latency heatmap for
-                when it started, writeback bytes (a large writeback queue in front of the
-                fsync), md sync state (a resync or check halves RAID write throughput),
-                `iostat -x 1` await and %%util on the backing device, the controller's cache or
-                battery state (write-back cache turned off), and barrier/nobarrier in the mount
-                options (stallwatch_target_info).
+                {{ $value | humanizeDuration }} (threshold %(t)s); databases commit no faster.
+                Look at: the dashboard's latency heatmap for when it started; the runbook
+                lists the rest.
               ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.fsyncP99Seconds) }),
             },
           },
@@ -87,11 +88,8 @@ local u = import '../lib/utils.libsonnet';
                 Over the last %(w)s the 99th percentile of fdatasync() after an append in
                 the append probe on {{ $labels.target }} of {{ $labels.instance }} was
                 {{ $value | humanizeDuration }} (threshold %(t)s, etcd's guidance for WAL
-                fsync; raise it for spinning disks). A database on this filesystem commits no
-                faster. Look at: the dashboard's commit latency panel for when it started,
-                whether the overwrite probe's fsync is slow too (the device or controller) or
-                only the append (journal commits: the size change must be logged), writeback
-                bytes, md sync state, and `iostat -x 1` on the backing device.
+                fsync); a database on this filesystem commits no faster. Look at: whether the
+                overwrite probe's fsync is slow too; the runbook lists the rest.
               ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.commitP99Seconds) }),
             },
           },
@@ -114,11 +112,8 @@ local u = import '../lib/utils.libsonnet';
                 Over the last %(w)s the 99th percentile of open(O_CREAT) of an empty file
                 in the {{ $labels.mode }} probe on {{ $labels.target }} of {{ $labels.instance }}
                 was {{ $value | humanizeDuration }} (threshold %(t)s; normally well under 1ms).
-                File creation needs a metadata transaction: it stalls behind a full journal or
-                log, typically while a large streaming write (dd, backup, restore) fills the
-                same filesystem. Look at: dirty and writeback bytes against the thresholds,
-                who is writing (`iotop -o`, `pidstat -d 1`), the log/journal device's latency,
-                and `cat /proc/mdstat`.
+                Look at: who is writing to the same filesystem (`pidstat -d 1`); the runbook
+                lists the rest.
               ||| % { w: u.durationWords(c.alertWindow), t: u.humanSeconds(c.createP99Seconds) }),
             },
           },
@@ -142,13 +137,8 @@ local u = import '../lib/utils.libsonnet';
                 {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
                 {{ $labels.instance }} exceeded the stall threshold {{ $value | humanize }} time(s)
                 in the last %s; the kernel held it in a wait point of cause
-                "{{ $labels.cause }}" (the README's causes table says what each means). Look at:
-                http://{{ $labels.instance }}/api/stalls for each stall's verdict, its sampled
-                wait points (wchan) and the dirty/writeback bytes, io pressure and md sync state
-                recorded while it lasted; the stall annotations on the dashboard; dmesg for
-                hung-task reports. dirty_throttle (balance_dirty_pages): lower vm.dirty_bytes or
-                find the process dirtying memory; frozen: a freeze or snapshot holds the
-                filesystem; remote: the network or FUSE server does not answer.
+                "{{ $labels.cause }}". Look at: http://{{ $labels.instance }}/api/stalls for each
+                stall's verdict; the runbook says what each cause means and what to do.
               ||| % u.durationWords(c.alertWindow)),
             },
           },
@@ -167,13 +157,8 @@ local u = import '../lib/utils.libsonnet';
               description: u.fold(|||
                 {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
                 {{ $labels.instance }} failed with {{ $labels.errno }} {{ $value | humanize }} time(s)
-                in the last %s. Look at, by errno: EIO -- the device or array returned an
-                error: dmesg, `cat /proc/mdstat` (a failed or missing member), SMART; a failed
-                fsync means data written by applications may be lost. EROFS -- the filesystem
-                was remounted read-only after errors: dmesg and the mount options in
-                stallwatch_target_info. ENOSPC -- the filesystem (or its inodes, `df -i`) is
-                full. EACCES/EPERM -- PATH/.stallwatch is not owned by the stallwatch user, or
-                the mount point is missing from ReadWritePaths= in the unit's drop-in.
+                in the last %s. Look at: dmesg; the runbook says what each errno means (EIO
+                after fsync: application data may be lost).
               ||| % u.durationWords(c.alertWindow)),
             },
           },
@@ -188,12 +173,9 @@ local u = import '../lib/utils.libsonnet';
               summary: 'stallwatch target {{ $labels.target }} on {{ $labels.instance }} is down',
               description: u.fold(|||
                 The last probe cycles on target {{ $labels.target }} of {{ $labels.instance }} did
-                not succeed on the expected mount for %s. Look at: whether the filesystem
-                is mounted (`findmnt <path>`; stallwatch_probes_skipped_total{reason="not_mounted"}
-                rises while it is not), StallwatchProbeErrors for the errno, the agent's log
-                (`journalctl -u stallwatch`), and the home page http://{{ $labels.instance }}/ for
-                the target's state. A target that is unmounted on purpose should be removed from
-                /etc/stallwatch/config.yaml.
+                not succeed on the expected mount for %s. Look at: the target's state on
+                http://{{ $labels.instance }}/ and whether the filesystem is mounted; the runbook
+                lists the rest.
               ||| % u.durationWords(c.targetDownFor)),
             },
           },
@@ -212,13 +194,9 @@ local u = import '../lib/utils.libsonnet';
               summary: 'dirty memory on {{ $labels.instance }} at {{ $value | humanizePercentage }} of the dirty threshold',
               description: u.fold(|||
                 Dirty plus writeback page-cache memory on {{ $labels.instance }} has been above %(p)s
-                of the kernel's dirty threshold (now {{ $value | humanizePercentage }}) for %(w)s.
-                At the threshold every process that writes is throttled in balance_dirty_pages
-                -- a write() of 4 KiB can then take seconds. Look at: which process dirties memory
-                (`pidstat -d 1`, `iotop -o`), whether writeback keeps up (the dashboard's
-                dirtied vs written rate, device latency), and the vm.dirty_* settings: on hosts
-                with much RAM, vm.dirty_bytes/vm.dirty_background_bytes in the hundreds of MiB
-                keep the queue short.
+                of the kernel's dirty threshold (now {{ $value | humanizePercentage }}) for %(w)s;
+                at the threshold every process that writes is throttled. Look at: which process
+                dirties memory (`pidstat -d 1`); the runbook lists the rest.
               ||| % { p: u.percent(c.dirtyFraction), w: u.durationWords(c.dirtyFor) }),
             },
           },
@@ -238,16 +216,12 @@ local u = import '../lib/utils.libsonnet';
               description: u.fold(|||
                 Prometheus has not scraped stallwatch on {{ $labels.instance }} (job
                 {{ $labels.job }}) for %s, so none of the other stallwatch alerts can fire
-                for that host. Look at: `systemctl status stallwatch` and `journalctl -u
-                stallwatch` (an invalid /etc/stallwatch/config.yaml exits with status 2 and is
-                not restarted; a mount from RequiresMountsFor= that failed keeps the service
-                from starting), the listen address and firewall, and the target's state on
-                Prometheus' Targets page. If the instance label is empty, no stallwatch target
-                exists at all in the job.
+                for that host (an empty instance: no stallwatch target exists in the job). Look
+                at: `systemctl status stallwatch`; the runbook lists the rest.
               ||| % u.durationWords(c.absentFor)),
             },
           },
-        ],
+        ]),
       },
     ],
   },
