@@ -86,7 +86,7 @@
     return keep.concat(fresh);
   }
 
-  // The answer's columns (README, "/api/history") as one array per point.
+  // The answer's columns (docs/http-api.md, "/api/history") as one array per point.
   function us(v) {
     return v == null ? null : v / 1e6;
   }

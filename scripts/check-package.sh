@@ -47,6 +47,8 @@ for f in \
     ./usr/share/doc/stallwatch/copyright \
     ./usr/share/doc/stallwatch/changelog.Debian.gz \
     ./usr/share/doc/stallwatch/README.md \
+    ./usr/share/doc/stallwatch/docs/alerts.md \
+    ./usr/share/doc/stallwatch/docs/install.md \
     ./usr/share/man/man1/stallwatch.1.gz \
     ./usr/share/lintian/overrides/stallwatch \
     ./usr/share/doc/stallwatch/examples/config.example.yaml \
@@ -70,6 +72,11 @@ cmp systemd/stallwatch.service "$extract/root/usr/lib/systemd/system/stallwatch.
     || fail "packaged unit differs from systemd/stallwatch.service"
 cmp config.example.yaml "$extract/root/etc/stallwatch/config.yaml" \
     || fail "packaged config differs from config.example.yaml"
+# Every page of the reference, as the README links it (docs/alerts.md is where the
+# alerts' runbook_url points).
+for f in docs/*.md; do
+    cmp "$f" "$extract/root/usr/share/doc/stallwatch/$f" || fail "packaged $f differs from $f (or is missing)"
+done
 for f in deploy/stallwatch.rules.yml:stallwatch.rules.yml \
          deploy/stallwatch.recording.rules.yml:stallwatch.recording.rules.yml \
          grafana/stallwatch.json:grafana-stallwatch.json \

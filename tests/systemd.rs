@@ -2,7 +2,7 @@
 //! PID, mount, UTS, IPC and network namespaces (a root built with debootstrap from
 //! Debian's packages, cached between runs; an overlay on it per run, so the cache stays
 //! as built), `/` made shared as a real boot does. Then, inside: the `.deb` installed,
-//! the service active and answering; the README's "Add your mount points" steps on a loop
+//! the service active and answering; docs/install.md's "Add your mount points" steps on a loop
 //! filesystem; that filesystem unmounted on the host side (systemd's namespace) and the
 //! target seen going down — in the agent's metrics and, independently, in the service's
 //! own mount table — and back up after the remount; `systemctl reload`; the memory lock
@@ -521,7 +521,7 @@ fn debian_package_under_real_systemd() {
         eprintln!("(the host's hard RLIMIT_MEMLOCK is below the unit's LimitMEMLOCK=512M and systemd may not raise it here)");
     }
 
-    // README, "Add your mount points", on a loop filesystem mounted in systemd's
+    // docs/install.md, "Add your mount points", on a loop filesystem mounted in systemd's
     // namespace (the host side for the service).
     sys.sh_ok(
         20,
@@ -636,7 +636,7 @@ fn debian_package_under_real_systemd() {
     );
     assert!(service_mounts().contains(raid.dev()));
 
-    // The README's warning, shown: a drop-in naming the probe directory instead of the
+    // docs/install.md's warning, shown: a drop-in naming the probe directory instead of the
     // mount point makes systemd bind-mount it inside the service, and that bind mount
     // keeps the filesystem there after the host lets go of it.
     let dropin = "/etc/systemd/system/stallwatch.service.d/mounts.conf";
@@ -673,7 +673,7 @@ fn debian_package_under_real_systemd() {
     );
     assert!(
         pinned.contains(raid.dev()),
-        "expected the README's pinned filesystem with the wrong drop-in; the service's /srv/raid0: [{pinned}]"
+        "expected docs/install.md's pinned filesystem with the wrong drop-in; the service's /srv/raid0: [{pinned}]"
     );
     assert_eq!(
         still_up,
