@@ -10,13 +10,13 @@ use prometheus::{Counter, Gauge, GaugeVec, IntCounter, IntGauge, IntGaugeVec, Op
 use strum::VariantArray;
 use tracing::{info, warn};
 
-use crate::blockdev::{self, SyncAction};
-use crate::devstat;
+use crate::base::sync::Shutdown;
 use crate::history::History;
-use crate::kernfs::Roots;
-use crate::stalls::{DeviceReading, Snapshot, StallLog};
-use crate::sync::Shutdown;
-use crate::vm;
+use crate::kernel::blockdev::{self, SyncAction};
+use crate::kernel::devstat;
+use crate::kernel::kernfs::Roots;
+use crate::kernel::vm;
+use crate::stall::log::{DeviceReading, Snapshot, StallLog};
 
 /// The kernel-state families, written only by the sampler.
 pub struct SamplerMetrics {
@@ -356,12 +356,12 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stalls::TargetDevices;
+    use crate::stall::log::TargetDevices;
 
     #[test]
     fn md_and_device_metrics_from_a_resyncing_raid5_fixture() {
         let sys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sys/md-raid5-resync");
-        let r = crate::metrics::Registry::new();
+        let r = crate::exposition::registry::Registry::new();
         let m = SamplerMetrics::new(&r);
         let log = StallLog::new(4, &r);
         let d = blockdev::resolve(&sys, 9, 0).unwrap();
