@@ -23,8 +23,9 @@ use crate::kernel::kernfs::Roots;
 use crate::probe::supervisor::Supervisor;
 use crate::probe::watchdog;
 use crate::probe::{self, Context, ProbeMetrics};
-use crate::sampler::{Sampler, SamplerMetrics};
+use crate::sampler::{Latest, Sampler, SamplerMetrics};
 use crate::stall::log::StallLog;
+use crate::stall::wake::Wake;
 use crate::stall::worker;
 use reload::Reloader;
 use resident::Lock;
@@ -67,20 +68,29 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         Ok(host) => host.register(&registry),
         Err(e) => warn!("no stallwatch_host_info: {e}"),
     }
-    let stalls = Arc::new(StallLog::new(config.stall_log_size, &registry));
+    // The evidence worker's wake-up: the stall log notifies it, the worker waits on it.
+    let wake = Arc::new(Wake::default());
+    let stalls = Arc::new(StallLog::new(
+        config.stall_log_size,
+        &registry,
+        Arc::clone(&wake),
+    ));
     let history = Arc::new(History::new());
-    let sampler = Sampler {
-        history: Arc::clone(&history),
-        metrics: SamplerMetrics::new(&registry),
-        roots: roots.clone(),
-        interval: config.vm_interval,
-    };
     let ctx = Arc::new(Context::new(
         Arc::new(ProbeMetrics::new(&registry)),
         Arc::clone(&stalls),
         Arc::clone(&history),
-        roots,
+        roots.clone(),
     ));
+    let latest = Arc::new(Latest::default());
+    let sampler = Sampler {
+        history: Arc::clone(&history),
+        metrics: SamplerMetrics::new(&registry),
+        roots,
+        interval: config.vm_interval,
+        devices: Arc::clone(&ctx.devices),
+        latest: Arc::clone(&latest),
+    };
 
     // Bind before starting probes: a port in use is a start-up error, not a probe result.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -129,21 +139,22 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
             .context("spawning the VM sampler")?
     };
     let evidence = {
-        let (s, r) = (Arc::clone(&stalls), ctx.roots.clone());
+        let (s, w, r) = (Arc::clone(&stalls), Arc::clone(&wake), ctx.roots.clone());
         std::thread::Builder::new()
             .name("evidence".into())
-            .spawn(move || worker::run(s, r))
+            .spawn(move || worker::run(s, w, r))
             .context("spawning the evidence worker")?
     };
     let watchdog = {
-        let (t, s, sd) = (
+        let (t, d, s, sd) = (
             Arc::clone(&targets),
+            Arc::clone(&ctx.devices),
             Arc::clone(&stalls),
             Arc::clone(&shutdown),
         );
         std::thread::Builder::new()
             .name("watchdog".into())
-            .spawn(move || watchdog::run(t, s, sd))
+            .spawn(move || watchdog::run(t, d, s, sd))
             .context("spawning the watchdog")?
     };
 
@@ -156,6 +167,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         stalls: Arc::clone(&stalls),
         targets,
         history,
+        latest,
         telemetry_path,
         reload,
         stalls_json: std::sync::Mutex::default(),
@@ -185,7 +197,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     shutdown.trigger();
     let _ = sampler.join();
     let _ = watchdog.join();
-    stalls.close_evidence();
+    wake.close();
     let _ = evidence.join();
     reloader.shutdown();
     info!("stopped");

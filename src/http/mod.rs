@@ -20,6 +20,7 @@ use crate::base::sync::lock;
 use crate::exposition::registry as metrics;
 use crate::history::{self, History};
 use crate::probe::{State as TargetState, Targets};
+use crate::sampler::Latest;
 use crate::stall::log::StallLog;
 
 /// Events listed on the landing page; `/api/stalls` has them all.
@@ -35,6 +36,8 @@ pub struct App {
     pub targets: Arc<Targets>,
     /// The last hour of latencies and kernel samples, for the live page.
     pub history: Arc<History>,
+    /// The sampler's latest kernel sample, for the landing page.
+    pub latest: Arc<Latest>,
     pub telemetry_path: String,
     /// `--web.enable-lifecycle`: what `POST /-/reload` calls; None when off.
     pub reload: Option<ReloadFn>,
@@ -53,7 +56,7 @@ pub struct StallsJson {
 }
 
 /// Unix seconds at which `e` ended (or its age so far, while ongoing).
-fn event_end(e: &crate::stall::log::StallEvent) -> f64 {
+fn event_end(e: &crate::stall::event::StallEvent) -> f64 {
     e.started_at
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
@@ -233,7 +236,7 @@ async fn index(State(app): State<Arc<App>>) -> Html<String> {
          <div id=\"charts\"></div></section>",
     );
     h.push_str("<h2>Kernel</h2>");
-    if let Some(snap) = app.stalls.latest() {
+    if let Some(snap) = app.latest.get() {
         let c = &snap.vm.counters;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let pct = if c.dirty_threshold_bytes > 0 {
@@ -712,6 +715,7 @@ mod tests {
     use crate::base::labels::Op;
     use crate::base::labels::{Mode, SyncKind};
     use crate::config::Target;
+    use crate::kernel::blockdev::TargetDevices;
     use crate::kernel::vm::{IoPressureTotals, VmCounters, VmSample};
     use crate::probe::{ProbeMetrics, TargetShared};
     use crate::stall::log::{FinishedCall, LaneKey};
@@ -739,7 +743,7 @@ mod tests {
         let metrics = ProbeMetrics::new(&registry);
         let rss0 = rss_bytes();
         let history = Arc::new(History::new());
-        let stalls = Arc::new(StallLog::new(256, &registry));
+        let stalls = Arc::new(StallLog::new(256, &registry, Arc::default()));
         let mut shared = Vec::new();
         for i in 0..8 {
             let t = Target {
@@ -799,7 +803,7 @@ mod tests {
         let rss = rss_bytes().saturating_sub(rss0);
         for seq in 0..256u64 {
             let key = LaneKey {
-                target: (seq % 8) as usize,
+                devices: &TargetDevices::default(),
                 lane: (seq % 16) as usize,
                 name: &shared[(seq % 8) as usize].target.name,
             };
@@ -818,6 +822,7 @@ mod tests {
             stalls,
             targets: Arc::new(Targets::new(shared)),
             history,
+            latest: Arc::default(),
             telemetry_path: "/metrics".into(),
             reload: None,
             stalls_json: Mutex::default(),

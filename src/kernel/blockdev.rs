@@ -427,6 +427,40 @@ fn read_sync_file<T>(
     }
 }
 
+/// The devices beneath a target's mount, for the device metrics and its stalls' context.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetDevices {
+    pub disk: Option<String>,
+    pub arrays: Vec<String>,
+    /// The filesystem's own device (`sda1`; the disk itself when unpartitioned).
+    pub device: Option<String>,
+    /// The leaf devices beneath md arrays or other stacked devices (`sdb1`, `sdc`).
+    pub members: Vec<String>,
+}
+
+impl TargetDevices {
+    /// The disk and md arrays beneath the mount of device `maj_min` (`8:17`, as
+    /// mountinfo has it); none for tmpfs, btrfs (anonymous device numbers) and network
+    /// filesystems.
+    pub fn beneath(sys_root: &Path, maj_min: &str) -> TargetDevices {
+        let parsed = maj_min
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+        let Some((major, minor)) = parsed else {
+            return TargetDevices::default();
+        };
+        match resolve(sys_root, major, minor) {
+            Ok(d) => TargetDevices {
+                disk: Some(d.disk),
+                arrays: d.md_arrays,
+                device: Some(d.name),
+                members: d.slaves,
+            },
+            Err(_) => TargetDevices::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

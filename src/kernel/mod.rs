@@ -9,4 +9,5 @@ pub mod jbd2;
 pub mod kernfs;
 pub mod mounts;
 pub mod procio;
+pub mod snapshot;
 pub mod vm;

@@ -10,9 +10,11 @@
 //!
 //! `target` holds what other threads share with a target's lanes, `worker` is a lane's
 //! thread, `ops` the system calls of each mode, `metrics` and `scrape` the probe metric
-//! families, `supervisor` the running targets and reloads, `watchdog` the thread that
+//! families, `supervisor` the running targets and reloads, `devices` the target → device
+//! registry, `watchdog` the thread that
 //! watches the lanes' in-flight slots.
 
+pub mod devices;
 mod metrics;
 pub mod ops;
 mod scrape;

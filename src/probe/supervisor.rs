@@ -259,7 +259,7 @@ mod tests {
         let r = Registry::new();
         let ctx = Arc::new(Context::new(
             Arc::new(ProbeMetrics::new(&r)),
-            Arc::new(StallLog::new(4, &r)),
+            Arc::new(StallLog::new(4, &r, Arc::default())),
             Arc::default(),
             Roots::default(),
         ));

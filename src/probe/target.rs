@@ -4,23 +4,24 @@
 //! Everything here is in atomics or behind short-held locks, never held across a system
 //! call on the probed filesystem.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::IntCounter;
 use tracing::{info, warn};
 
+use super::devices::Devices;
 use super::metrics::{ProbeMetrics, SkipReason};
 use crate::base::labels::{ops_of, Mode, Op};
 use crate::base::sync::{lock, Shutdown};
 use crate::config::Target;
 use crate::history::History;
-use crate::kernel::blockdev;
+use crate::kernel::blockdev::TargetDevices;
 use crate::kernel::kernfs::Roots;
 use crate::kernel::mounts::{self, Mount};
 use crate::stall::inflight::{InFlightOp, InflightSlot};
-use crate::stall::log::{StallLog, TargetDevices};
+use crate::stall::log::StallLog;
 use crate::stall::waits::LaneWaits;
 
 /// A target's state as the landing page and the logs show it.
@@ -222,8 +223,8 @@ impl TargetShared {
         let mount = lock(&self.status).mount.clone();
         ctx.metrics
             .remove_target(&self.target, &self.ops, mount.as_ref());
-        ctx.stalls
-            .remove_target(self.index, &self.target.name, &self.ops);
+        ctx.stalls.remove_target(&self.target.name, &self.ops);
+        ctx.devices.remove(self.index);
         ctx.history.remove_target(self.index);
     }
 
@@ -376,8 +377,10 @@ impl TargetShared {
         }
         ctx.metrics.set_mount(t, st.mount.as_ref(), mount.as_ref());
         if let Some(m) = mount {
-            ctx.stalls
-                .set_devices(self.index, devices_of(&ctx.roots.sys_root, m));
+            ctx.devices.set(
+                self.index,
+                TargetDevices::beneath(&ctx.roots.sys_root, &m.maj_min),
+            );
             if st.mount.is_none() {
                 info!(target = %t.name, path = %t.path.display(),
                     mountpoint = %m.mount_point.display(), device = %m.source,
@@ -458,6 +461,8 @@ pub struct Context {
     pub history: Arc<History>,
     /// Where /proc and /sys are (`--path.procfs`, `--path.sysfs`).
     pub roots: Roots,
+    /// The devices beneath each target, written by its lanes as they resolve its mount.
+    pub devices: Arc<Devices>,
     /// The one mount table of all targets: read anew once per change of the mounts,
     /// not once per target (hosts whose containers mount and unmount all the time).
     /// Only procfs is read under its lock, never a probed filesystem.
@@ -475,29 +480,9 @@ impl Context {
             metrics,
             stalls,
             history,
+            devices: Arc::default(),
             mounts: Mutex::new(mounts::MountTable::new(&roots.proc_root)),
             roots,
         }
-    }
-}
-
-/// The disk and md arrays beneath a mount, for device metrics and stall context.
-fn devices_of(sys_root: &Path, m: &Mount) -> TargetDevices {
-    let parsed = m
-        .maj_min
-        .split_once(':')
-        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-    let Some((major, minor)) = parsed else {
-        return TargetDevices::default();
-    };
-    match blockdev::resolve(sys_root, major, minor) {
-        Ok(d) => TargetDevices {
-            disk: Some(d.disk),
-            arrays: d.md_arrays,
-            device: Some(d.name),
-            members: d.slaves,
-        },
-        // tmpfs, btrfs (anonymous device numbers), network filesystems.
-        Err(_) => TargetDevices::default(),
     }
 }

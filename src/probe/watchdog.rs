@@ -1,15 +1,17 @@
 //! The watchdog thread: looks at every lane's in-flight slot and counts, live, the
 //! cycles that came due while one is blocked and the operations that cross their stall
 //! threshold, while the call may still be in the kernel; for each stall it gathers the
-//! other lanes of the target blocked at the same time. It also samples the wait point of
+//! other lanes of the target blocked at the same time, and hands the stall log the
+//! devices beneath the target (`devices.rs`). It also samples the wait point of
 //! every call blocked past its sampling point (`waits.rs`), so the cause is known when the
 //! threshold is crossed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::devices::Devices;
+use super::target::Targets;
 use crate::base::sync::Shutdown;
-use crate::probe::Targets;
 use crate::stall::log::{LaneKey, StallLog};
 use crate::stall::waits::{self, Reader};
 
@@ -20,7 +22,12 @@ pub const MIN_SLEEP: Duration = Duration::from_millis(1);
 pub const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Runs until shutdown.
-pub fn run(targets: Arc<Targets>, stalls: Arc<StallLog>, shutdown: Arc<Shutdown>) {
+pub fn run(
+    targets: Arc<Targets>,
+    devices: Arc<Devices>,
+    stalls: Arc<StallLog>,
+    shutdown: Arc<Shutdown>,
+) {
     // When to look next: at the exact moment an operation in flight would cross its
     // threshold, at a running cycle's next due time (to count the skip live), and
     // otherwise after the smallest threshold: an operation that starts just after a
@@ -63,8 +70,9 @@ pub fn run(targets: Arc<Targets>, stalls: Arc<StallLog>, shutdown: Arc<Shutdown>
                     wake = wake.min(next);
                 }
                 if op.age >= threshold {
+                    let devices = devices.of(t.index);
                     let key = LaneKey {
-                        target: t.index,
+                        devices: &devices,
                         lane: lane.id,
                         name: &t.target.name,
                     };

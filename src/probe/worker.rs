@@ -41,8 +41,9 @@ impl Observer for Recorder<'_> {
                 .record(self.target.index, mode, op, elapsed, SystemTime::now());
         }
         if elapsed >= t.stall_threshold {
+            let devices = self.ctx.devices.of(self.target.index);
             let key = LaneKey {
-                target: self.target.index,
+                devices: &devices,
                 lane: self.lane.id,
                 name: &t.name,
             };
@@ -275,7 +276,7 @@ mod tests {
         let shared = Arc::new(TargetShared::new(0, t, 0, &metrics));
         let ctx = Arc::new(Context::new(
             metrics,
-            Arc::new(StallLog::new(4, &registry)),
+            Arc::new(StallLog::new(4, &registry, Arc::default())),
             Arc::default(),
             Roots::default(),
         ));

@@ -3,9 +3,11 @@
 //! the verdict, and the log of stall events with `stallwatch_stalls_total`.
 
 pub mod causes;
+pub mod event;
 pub mod evidence;
 pub mod inflight;
 pub mod log;
 pub mod verdict;
 pub mod waits;
+pub mod wake;
 pub mod worker;

@@ -3,7 +3,8 @@
 //! most once a second while any stall lasts and once after each one ends, and writes
 //! each stall's view into its event. With no stall ongoing it reads nothing.
 //!
-//! It runs on no probe lane and never holds the stall log's lock while reading, so the
+//! It sleeps on its own wake-up (`wake.rs`), which the stall log notifies. It runs on
+//! no probe lane and never holds the stall log's lock while reading, so the
 //! watchdog's crossings and the probe threads' returns wait on it for a copy at most;
 //! it reads only cgroupfs, sysfs and procfs, never the probed filesystems.
 
@@ -13,8 +14,10 @@ use std::time::{Duration, Instant};
 
 use crate::kernel::cgroups::Hierarchies;
 use crate::kernel::kernfs::Roots;
+use crate::stall::event::EventId;
 use crate::stall::evidence::{self, Window};
-use crate::stall::log::{EventId, StallLog};
+use crate::stall::log::StallLog;
+use crate::stall::wake::Wake;
 
 /// The pause between two readings while a stall lasts.
 pub const PERIOD: Duration = Duration::from_secs(1);
@@ -22,15 +25,16 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// The shortest pause between two readings, when stalls start or end in a burst.
 pub const MIN_GAP: Duration = Duration::from_millis(100);
 
-/// Runs until the stall log closes the evidence signal (shutdown).
-pub fn run(stalls: Arc<StallLog>, roots: Roots) {
+/// Runs until `wake` is closed (shutdown). The stall log notifies `wake` when a stall
+/// starts or ends.
+pub fn run(stalls: Arc<StallLog>, wake: Arc<Wake>, roots: Roots) {
     let mut windows: HashMap<EventId, Window> = HashMap::new();
     let mut seen = 0;
     let mut hierarchies = Hierarchies::default();
     loop {
         let ongoing = stalls.ongoing_scopes();
         if ongoing.is_empty() && windows.is_empty() {
-            match stalls.wait_evidence(seen, None) {
+            match wake.wait(seen, None) {
                 Some(change) => seen = change,
                 None => return,
             }
@@ -58,7 +62,7 @@ pub fn run(stalls: Arc<StallLog>, roots: Roots) {
         if windows.is_empty() {
             continue;
         }
-        match stalls.wait_evidence(seen, Some(started + PERIOD)) {
+        match wake.wait(seen, Some(started + PERIOD)) {
             Some(change) => seen = change,
             None => return,
         }
