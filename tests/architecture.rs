@@ -36,6 +36,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "base",
             "kernel",
+            "config",
             "exposition",
             "history",
             "stall",
