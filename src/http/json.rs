@@ -31,7 +31,7 @@ impl JsonOut {
         }
         // Rounded half up without a libm call (this runs 43 200 times for an hour).
         let ns = (seconds as f64 * 1e9 + 0.5) as u64;
-        // The history keeps a latency to 1/2048 of itself (history.rs, `encode`): past 4
+        // The history keeps a latency to 1/2048 of itself (history/code.rs, `encode`): past 4
         // digits (10 µs and up) that is noise, 12.35 s is not 12349.44 ms. The value is
         // rounded straight to the decimals printed, with constant divisors up to 10 ms.
         let (int, mut frac, mut decimals) = match ns {

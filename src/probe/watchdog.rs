@@ -3,7 +3,7 @@
 //! threshold, while the call may still be in the kernel; for each stall it gathers the
 //! other lanes of the target blocked at the same time, and hands the stall log the
 //! devices beneath the target (`devices.rs`). It also samples the wait point of
-//! every call blocked past its sampling point (`waits.rs`), so the cause is known when the
+//! every call blocked past its sampling point (`stall/waits.rs`), so the cause is known when the
 //! threshold is crossed.
 
 use std::sync::Arc;

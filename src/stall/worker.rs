@@ -1,5 +1,5 @@
 //! The evidence worker: a thread that sleeps until a stall starts, then reads who is
-//! dirtying, what the devices do and the journal (`evidence.rs`) at the crossing, at
+//! dirtying, what the devices do and the journal (`evidence/`) at the crossing, at
 //! most once a second while any stall lasts and once after each one ends, and writes
 //! each stall's view into its event. With no stall ongoing it reads nothing.
 //!
