@@ -7,11 +7,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing::info;
 
 use stallwatch::agent;
+use stallwatch::agent::resident;
+use stallwatch::cli::probe::{self as probe_cli, ProbeArgs};
 use stallwatch::config::{self, Config, ConfigError};
-use stallwatch::kernfs::{self, Roots};
-use stallwatch::probe_cli::{self, ProbeArgs};
-use stallwatch::resident;
-use stallwatch::web::{self, WebConfig, WebConfigError};
+use stallwatch::http::server::{self as web, WebConfig, WebConfigError};
+use stallwatch::kernel::kernfs::{self, Roots};
 
 /// Storage stall probe agent: times create/write/fsync on each mount point, samples
 /// dirty-page and writeback state, and serves it for Prometheus.

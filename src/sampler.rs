@@ -1,22 +1,27 @@
 //! The VM sampler thread: every `vm_interval` it reads vmstat, PSI, the dirty sysctls and
-//! the block devices beneath the targets, publishes them in the families it owns, and
-//! hands each sample to the stall log for the stalls' windows.
+//! the block devices beneath the targets (the probe's device registry says which),
+//! publishes them in the families it owns, records them in the history, keeps the latest
+//! for the landing page (`Latest`) and hands each sample to the stall log for the
+//! stalls' windows.
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::{Counter, Gauge, GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 use strum::VariantArray;
 use tracing::{info, warn};
 
-use crate::blockdev::{self, SyncAction};
-use crate::devstat;
+use crate::base::sync::{lock, Shutdown};
 use crate::history::History;
-use crate::kernfs::Roots;
-use crate::stalls::{DeviceReading, Snapshot, StallLog};
-use crate::sync::Shutdown;
-use crate::vm;
+use crate::kernel::blockdev::{self, SyncAction};
+use crate::kernel::devstat;
+use crate::kernel::kernfs::Roots;
+use crate::kernel::snapshot::{DeviceReading, Snapshot};
+use crate::kernel::vm;
+use crate::probe::devices::Devices;
+use crate::stall::log::StallLog;
 
 /// The kernel-state families, written only by the sampler.
 pub struct SamplerMetrics {
@@ -183,12 +188,12 @@ impl SamplerMetrics {
     /// cache mode can be set at run time). Series are replaced only on a change.
     fn publish_facts(
         &self,
-        stalls: &StallLog,
+        devices: &Devices,
         sys_root: &Path,
         known: &mut Option<(BTreeSet<String>, Vec<[String; 5]>)>,
         refresh: bool,
     ) {
-        let now = stalls.backing_devices();
+        let now = devices.backing();
         if !refresh && known.as_ref().is_some_and(|(k, _)| *k == now) {
             return;
         }
@@ -255,8 +260,8 @@ impl SamplerMetrics {
     }
 
     /// Reads in-flight requests and md state of the devices beneath the targets.
-    fn read_devices(&self, stalls: &StallLog, sys_root: &Path) -> DeviceReading {
-        let (disks, arrays) = stalls.watched_devices();
+    fn read_devices(&self, devices: &Devices, sys_root: &Path) -> DeviceReading {
+        let (disks, arrays) = devices.watched();
         let mut r = DeviceReading::default();
         for d in &disks {
             if let Ok((reads, writes)) = blockdev::inflight(sys_root, d) {
@@ -298,7 +303,27 @@ pub struct Sampler {
     pub roots: Roots,
     pub interval: Duration,
     /// Where each sample is kept for the live page.
-    pub history: std::sync::Arc<History>,
+    pub history: Arc<History>,
+    /// Which devices to read: those beneath the targets.
+    pub devices: Arc<Devices>,
+    /// The latest sample, for the landing page.
+    pub latest: Arc<Latest>,
+}
+
+/// The latest sample the sampler took, for the landing page; written only by the
+/// sampler, under a lock held for a copy.
+#[derive(Default)]
+pub struct Latest(Mutex<Option<Snapshot>>);
+
+impl Latest {
+    /// The latest sample; None before the first one.
+    pub fn get(&self) -> Option<Snapshot> {
+        lock(&self.0).clone()
+    }
+
+    fn set(&self, s: Snapshot) {
+        *lock(&self.0) = Some(s);
+    }
 }
 
 impl Sampler {
@@ -315,7 +340,7 @@ impl Sampler {
             let with_sysctls = samples.is_multiple_of(10);
             // Device facts when the devices change, and every minute or so.
             self.metrics.publish_facts(
-                stalls,
+                &self.devices,
                 &self.roots.sys_root,
                 &mut facts_of,
                 samples.is_multiple_of(60),
@@ -329,8 +354,12 @@ impl Sampler {
                     }
                     self.metrics.publish_vm(&s, prev.as_ref());
                     self.history.record_kernel(&s, SystemTime::now());
-                    let devices = self.metrics.read_devices(stalls, &self.roots.sys_root);
-                    stalls.observe(Snapshot { vm: s, devices });
+                    let devices = self
+                        .metrics
+                        .read_devices(&self.devices, &self.roots.sys_root);
+                    let snapshot = Snapshot { vm: s, devices };
+                    self.latest.set(snapshot.clone());
+                    stalls.observe(snapshot);
                     prev = Some(s);
                 }
                 Err(e) => {
@@ -356,16 +385,16 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stalls::TargetDevices;
+    use crate::kernel::blockdev::TargetDevices;
 
     #[test]
     fn md_and_device_metrics_from_a_resyncing_raid5_fixture() {
         let sys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sys/md-raid5-resync");
-        let r = crate::metrics::Registry::new();
+        let r = crate::exposition::registry::Registry::new();
         let m = SamplerMetrics::new(&r);
-        let log = StallLog::new(4, &r);
+        let devices = Devices::default();
         let d = blockdev::resolve(&sys, 9, 0).unwrap();
-        log.set_devices(
+        devices.set(
             0,
             TargetDevices {
                 disk: Some(d.disk.clone()),
@@ -374,7 +403,7 @@ mod tests {
                 members: d.slaves.clone(),
             },
         );
-        let reading = m.read_devices(&log, &sys);
+        let reading = m.read_devices(&devices, &sys);
         assert_eq!(reading.md_action.get("md0"), Some(&SyncAction::Resync));
         assert_eq!(
             m.md_sync_action.with_label_values(&["md0", "resync"]).get(),

@@ -564,7 +564,7 @@ fn cgroup_tree(sys: &Path, n: usize) {
 #[test]
 #[ignore]
 fn attribution_pass_cost_on_2000_cgroups() {
-    use stallwatch::cgroups::{self, DevNum, Hierarchies};
+    use stallwatch::kernel::cgroups::{self, DevNum, Hierarchies};
     // On a tmpfs where there is one: cgroupfs lives in memory, and a disk filesystem's
     // directory blocks would be measured instead (ext4's htree readdir).
     let shm = Path::new("/dev/shm");
@@ -586,7 +586,7 @@ fn attribution_pass_cost_on_2000_cgroups() {
     assert_eq!((first.walked, first.capped, first.errors), (2000, false, 0));
     let mut cg = Vec::new();
     let mut full = Vec::new();
-    let roots = stallwatch::kernfs::Roots {
+    let roots = stallwatch::kernel::kernfs::Roots {
         proc_root: "/proc".into(),
         sys_root: dir.path().to_owned(),
     };
@@ -601,14 +601,14 @@ fn attribution_pass_cost_on_2000_cgroups() {
         "   80211 12 6421040 52310 1520 301 9437184 8870 3 40120 61250 0 0 0 0 77 412\n",
     )
     .unwrap();
-    let scope = stallwatch::evidence::Scope {
+    let scope = stallwatch::stall::evidence::Scope {
         disk: Some("sdb".into()),
         device: Some("sdb1".into()),
         members: vec![],
     };
     for _ in 0..20 {
         cg.push(thread_cpu(|| cgroups::read(&h, &devs, cgroups::MAX_CGROUPS)).1);
-        let (r, t) = thread_cpu(|| stallwatch::evidence::read(&roots, &h, &[&scope]));
+        let (r, t) = thread_cpu(|| stallwatch::stall::evidence::read(&roots, &h, &[&scope]));
         assert_eq!(r.cgroups.walked, 2000);
         assert_eq!(
             r.cgroups.cgroups["/system.slice/unit-7.scope"].written,

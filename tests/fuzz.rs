@@ -9,10 +9,10 @@ use std::path::Path;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, FileFailurePersistence};
 
-use stallwatch::blockdev;
 use stallwatch::config::Config;
-use stallwatch::mounts;
-use stallwatch::vm;
+use stallwatch::kernel::blockdev;
+use stallwatch::kernel::mounts;
+use stallwatch::kernel::vm;
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 2000;

@@ -289,7 +289,7 @@ fn expected() -> String {
 /// Runs the agent on `trees` and returns its golden families.
 fn run(trees: &Trees) -> String {
     // The same page size the agent converts with.
-    let page = stallwatch::vm::page_size();
+    let page = stallwatch::kernel::vm::page_size();
     assert_eq!(
         page, GOLDEN_PAGE_SIZE,
         "expected.prom holds vmstat page counts times {GOLDEN_PAGE_SIZE}; this machine's pages are {page} bytes, so every byte value would differ"

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -16,8 +16,7 @@ use nix::sys::stat::{mkdirat, Mode as FileMode};
 use nix::unistd::{fdatasync, fsync, unlinkat, UnlinkatFlags};
 use rustix::fs::{AtFlags, FileType, Statx, StatxFlags};
 
-use crate::config::{Mode, SyncKind};
-use crate::op::{Failure, Op};
+use crate::base::labels::{Failure, Mode, Op, SyncKind};
 
 /// Name of the directory the agent owns below each target path.
 pub const PROBE_DIR: &str = ".stallwatch";
@@ -664,6 +663,11 @@ fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<Owned
         || renameat(&dir.fd, APPEND_NEXT, &dir.fd, APPEND_FILE).map_err(errno),
     )?;
     Ok(fd)
+}
+
+/// Where each target's probe files live.
+pub fn probe_dir_of(path: &Path) -> PathBuf {
+    path.join(PROBE_DIR)
 }
 
 #[cfg(test)]

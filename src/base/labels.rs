@@ -1,0 +1,305 @@
+//! The label types every layer uses: which probe runs (`Mode`, `SyncKind`), what it
+//! times and how that can fail (`Op`, `Failure`: the `op` and `errno` label values) and
+//! why a call was held (`Cause`). Names are contract (metric labels, event fields).
+
+use std::fmt;
+
+use nix::errno::Errno;
+use serde::{Deserialize, Serialize};
+use strum::VariantArray;
+
+/// One timed operation. Names are contract (metric label `op`); `prepare` covers the
+/// untimed set-up a cycle may need (opening the probe directory, preallocating a file).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum Op {
+    Prepare,
+    Create,
+    Close,
+    Unlink,
+    Write,
+    Fsync,
+    Fdatasync,
+    Rename,
+    Dirsync,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// The timed operations of a mode, in the order a cycle runs them.
+pub fn ops_of(mode: Mode, sync: SyncKind) -> &'static [Op] {
+    match (mode, sync) {
+        (Mode::Create, _) => &[Op::Create, Op::Close, Op::Unlink],
+        (Mode::Overwrite, SyncKind::Fsync) => &[Op::Write, Op::Fsync],
+        (Mode::Overwrite, SyncKind::Fdatasync) => &[Op::Write, Op::Fdatasync],
+        (Mode::Direct, _) => &[Op::Write],
+        (Mode::Replace, _) => &[Op::Create, Op::Write, Op::Fsync, Op::Rename, Op::Dirsync],
+        (Mode::Append, _) => &[Op::Write, Op::Fdatasync],
+    }
+}
+
+/// Why an operation failed: an errno, or a condition the kernel does not name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Errno(Errno),
+    /// `pwrite` wrote fewer bytes than asked.
+    ShortWrite,
+    /// The probe directory is a symlink, not ours, or writable by others.
+    UnsafeDir,
+    /// The directory is not on the mount that was checked (it changed under us).
+    MountChanged,
+}
+
+impl Failure {
+    /// The value of the `errno` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Errno(e) => errno_name(e),
+            Failure::ShortWrite => "short_write",
+            Failure::UnsafeDir => "unsafe_dir",
+            Failure::MountChanged => "mount_changed",
+        }
+    }
+}
+
+/// The symbolic name of an errno (`EIO`), as the metrics label it.
+pub fn errno_name(e: Errno) -> &'static str {
+    // Errno's Debug is its symbolic name; intern the few we see to avoid allocating.
+    match e {
+        Errno::EIO => "EIO",
+        Errno::ENOSPC => "ENOSPC",
+        Errno::EROFS => "EROFS",
+        Errno::EACCES => "EACCES",
+        Errno::EPERM => "EPERM",
+        Errno::ENOENT => "ENOENT",
+        Errno::EINVAL => "EINVAL",
+        Errno::EDQUOT => "EDQUOT",
+        Errno::ELOOP => "ELOOP",
+        Errno::ENOTDIR => "ENOTDIR",
+        Errno::EEXIST => "EEXIST",
+        Errno::ESTALE => "ESTALE",
+        Errno::EUCLEAN => "EUCLEAN",
+        Errno::ENODEV => "ENODEV",
+        Errno::ENXIO => "ENXIO",
+        Errno::EBADF => "EBADF",
+        Errno::EMFILE => "EMFILE",
+        Errno::ENFILE => "ENFILE",
+        Errno::ENOMEM => "ENOMEM",
+        Errno::EINTR => "EINTR",
+        Errno::EAGAIN => "EAGAIN",
+        Errno::EFBIG => "EFBIG",
+        Errno::ETIMEDOUT => "ETIMEDOUT",
+        Errno::ENOTCONN => "ENOTCONN",
+        _ => "other",
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Errno(e) => write!(f, "{} ({})", errno_name(*e), e.desc()),
+            Failure::ShortWrite => f.write_str("short write"),
+            Failure::UnsafeDir => f.write_str("unsafe probe directory"),
+            Failure::MountChanged => f.write_str("mount changed under the probe"),
+        }
+    }
+}
+
+/// Which probe a cycle runs. Names are contract (metric label `mode`). strum derives the
+/// names, the parser and the variant list from the variants; serde's `rename_all` spells
+/// the same names, and `enum_names_agree_with_serde` pins the two together.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_mode
+)]
+pub enum Mode {
+    Create,
+    Overwrite,
+    Direct,
+    Replace,
+    /// The database commit: append to a log, then fdatasync.
+    Append,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+fn unknown_mode(s: &str) -> String {
+    let names: Vec<&str> = Mode::VARIANTS.iter().map(|m| m.as_str()).collect();
+    format!("unknown mode {s:?}: expected {}", or_list(&names))
+}
+
+/// The flush call of the overwrite and replace probes.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_ty = String,
+    parse_err_fn = unknown_sync
+)]
+pub enum SyncKind {
+    Fsync,
+    Fdatasync,
+}
+
+impl SyncKind {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+fn unknown_sync(s: &str) -> String {
+    let names: Vec<&str> = SyncKind::VARIANTS.iter().map(|k| k.as_str()).collect();
+    format!("unknown sync {s:?}: expected {}", or_list(&names))
+}
+
+/// `a`, `a or b`, `a, b or c`: how the command line lists the accepted words.
+fn or_list(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// The cause of a stall. Label values of `stallwatch_stalls_total{cause}` and
+/// `stallwatch_probe_blocked_cause{cause}`: contract (SPEC "second wave").
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    strum::IntoStaticStr,
+    strum::Display,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Cause {
+    /// The filesystem is frozen (fsfreeze, a snapshot): writers wait for the thaw.
+    Frozen,
+    /// `balance_dirty_pages`: the writer is paused because too much is dirty.
+    DirtyThrottle,
+    /// Waiting for a journal or log commit (ext4 jbd2, XFS log, btrfs transaction).
+    Journal,
+    /// Waiting for pages under writeback to reach the device.
+    WritebackWait,
+    /// Waiting in the block layer: a request tag, writeback throttling, a synchronous
+    /// request such as a cache flush.
+    DeviceQueue,
+    /// md RAID: barrier, stripe cache, superblock update or resync.
+    Md,
+    /// A network or FUSE filesystem waiting for its server.
+    Remote,
+    /// Sampled, but at a wait point the table does not know (the symbol is kept).
+    Other,
+    /// Never sampled: the call returned, or was not seen, before the sampling point.
+    Unknown,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The words the verdict puts in parentheses after the wait point.
+    pub fn text(self) -> &'static str {
+        match self {
+            Cause::Frozen => "filesystem frozen",
+            Cause::DirtyThrottle => "dirty throttling",
+            Cause::Journal => "journal or log commit wait",
+            Cause::WritebackWait => "waiting for writeback",
+            Cause::DeviceQueue => "block device queue or writeback throttling",
+            Cause::Md => "md RAID barrier, stripe cache or resync",
+            Cause::Remote => "network or FUSE filesystem",
+            Cause::Other => "wait point not in the cause table",
+            Cause::Unknown => "no wait point sampled",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strum::VariantArray;
+
+    #[test]
+    fn op_labels_are_the_contract_names() {
+        let names: Vec<&str> = Op::VARIANTS.iter().map(|o| o.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "prepare",
+                "create",
+                "close",
+                "unlink",
+                "write",
+                "fsync",
+                "fdatasync",
+                "rename",
+                "dirsync"
+            ]
+        );
+        assert_eq!(Op::Fdatasync.to_string(), "fdatasync");
+    }
+
+    #[test]
+    fn errno_labels_are_symbolic_and_bounded() {
+        assert_eq!(Failure::Errno(Errno::EIO).label(), "EIO");
+        assert_eq!(Failure::Errno(Errno::ENOTCONN).label(), "ENOTCONN");
+        assert_eq!(Failure::Errno(Errno::EXDEV).label(), "other");
+        assert_eq!(Failure::ShortWrite.label(), "short_write");
+        assert_eq!(
+            Failure::Errno(Errno::ENOSPC).to_string(),
+            "ENOSPC (No space left on device)"
+        );
+    }
+}

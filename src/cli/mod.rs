@@ -1,0 +1,3 @@
+//! The foreground commands besides the agent: `stallwatch probe`.
+
+pub mod probe;

@@ -1,0 +1,293 @@
+//! The exposition: one registry into which each module registers the families it owns
+//! (probe, stall log, sampler), plus the agent's own `stallwatch_build_info` and
+//! `process_*`. Families are encoded in name order, whoever registered them.
+
+use std::fmt::Write as _;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus::proto::{MetricFamily, MetricType};
+use prometheus::{IntGaugeVec, Opts, TextEncoder};
+
+use crate::base::sync::lock;
+use crate::exposition::family::{escape, sample, Family};
+
+/// The crate's registry for the small families, beside the [`Family`]s that write
+/// their own text (the probe histograms and the stall counters). It derefs to the
+/// crate's registry, so `register(Box::new(collector))` works as there.
+#[derive(Default)]
+pub struct Registry {
+    crate_families: prometheus::Registry,
+    direct: Mutex<Vec<Arc<dyn Family>>>,
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds a family that writes its own text. Panics on a name already registered
+    /// either way: two families of one name would be an invalid exposition.
+    pub fn register_family(&self, f: Arc<dyn Family>) {
+        let mut direct = lock(&self.direct);
+        let name = f.name().to_owned();
+        assert!(
+            direct.iter().all(|d| d.name() != name)
+                && self
+                    .crate_families
+                    .gather()
+                    .iter()
+                    .all(|mf| mf.name() != name),
+            "family {name} registered twice"
+        );
+        direct.push(f);
+        direct.sort_by(|a, b| a.name().cmp(b.name()));
+    }
+}
+
+impl Deref for Registry {
+    type Target = prometheus::Registry;
+
+    fn deref(&self) -> &prometheus::Registry {
+        &self.crate_families
+    }
+}
+
+/// A registry holding the families that belong to no module: the build and the process.
+pub fn registry() -> Registry {
+    let r = Registry::new();
+    let build = IntGaugeVec::new(
+        Opts::new("stallwatch_build_info", "The running stallwatch version."),
+        &["version"],
+    )
+    .expect("valid metric definition");
+    build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    r.register(Box::new(build)).expect("registered once");
+    let pc = prometheus::process_collector::ProcessCollector::for_self();
+    r.register(Box::new(pc)).expect("registered once");
+    r
+}
+
+/// Size of the last exposition: the next one is encoded into a buffer of about that
+/// size, not grown from nothing (about 1 MB with 64 targets).
+static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Encodes every family of `r` in the text format.
+pub fn encode(r: &Registry) -> String {
+    let families = r.gather();
+    let direct = lock(&r.direct).clone();
+    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    // Both lists are in name order: merge them.
+    let mut rest = families.as_slice();
+    for d in &direct {
+        let n = rest.partition_point(|mf| mf.name() < d.name());
+        encode_text(&rest[..n], &mut out);
+        rest = &rest[n..];
+        d.encode(&mut out);
+    }
+    encode_text(rest, &mut out);
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
+    out
+}
+
+/// The text format exactly as `prometheus::TextEncoder` writes it (the golden test and
+/// `same_text_as_the_prometheus_encoder` hold it to that), written in one pass into
+/// one buffer: a metric's labels are written once and copied to each of its histogram
+/// lines, bucket bounds are formatted once per family, and integral values, which
+/// most samples are (counts, counters, flags), are written as integers. With 64
+/// targets the exposition is 10,000 lines, 8,000 of them histogram lines.
+pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String) {
+    let mut labels = String::new();
+    let mut bounds: Vec<(u64, String)> = Vec::new();
+    for mf in families {
+        let kind = mf.get_field_type();
+        if !matches!(
+            kind,
+            MetricType::COUNTER | MetricType::GAUGE | MetricType::HISTOGRAM
+        ) {
+            // No collector of the agent makes these: leave them to the crate's encoder.
+            let _ = TextEncoder::new().encode_utf8(std::slice::from_ref(mf), out);
+            continue;
+        }
+        let name = mf.name();
+        if !mf.help().is_empty() {
+            let _ = writeln!(out, "# HELP {name} {}", escape(mf.help(), false));
+        }
+        let _ = writeln!(out, "# TYPE {name} {}", format!("{kind:?}").to_lowercase());
+        bounds.clear();
+        for m in mf.get_metric() {
+            labels.clear();
+            for (i, lp) in m.get_label().iter().enumerate() {
+                let sep = if i == 0 { '{' } else { ',' };
+                let _ = write!(
+                    labels,
+                    "{sep}{}=\"{}\"",
+                    lp.name(),
+                    escape(lp.value(), true)
+                );
+            }
+            let ts = m.timestamp_ms();
+            match kind {
+                MetricType::COUNTER => {
+                    sample(out, name, "", &labels, None, m.get_counter().value(), ts)
+                }
+                MetricType::GAUGE => {
+                    sample(out, name, "", &labels, None, m.get_gauge().value(), ts)
+                }
+                MetricType::HISTOGRAM => {
+                    let h = m.get_histogram();
+                    let mut inf_seen = false;
+                    for (i, b) in h.get_bucket().iter().enumerate() {
+                        let ub = b.upper_bound();
+                        if bounds.get(i).is_none_or(|(bits, _)| *bits != ub.to_bits()) {
+                            bounds.truncate(i);
+                            bounds.push((ub.to_bits(), escape(&ub.to_string(), true).into_owned()));
+                        }
+                        let le = bounds[i].1.as_str();
+                        sample(
+                            out,
+                            name,
+                            "_bucket",
+                            &labels,
+                            Some(("le", le)),
+                            b.cumulative_count() as f64,
+                            ts,
+                        );
+                        inf_seen |= ub.is_sign_positive() && ub.is_infinite();
+                    }
+                    if !inf_seen {
+                        sample(
+                            out,
+                            name,
+                            "_bucket",
+                            &labels,
+                            Some(("le", "+Inf")),
+                            h.get_sample_count() as f64,
+                            ts,
+                        );
+                    }
+                    sample(out, name, "_sum", &labels, None, h.get_sample_sum(), ts);
+                    sample(
+                        out,
+                        name,
+                        "_count",
+                        &labels,
+                        None,
+                        h.get_sample_count() as f64,
+                        ts,
+                    );
+                }
+                _ => unreachable!("handled above"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{CounterVec, Gauge, HistogramOpts, HistogramVec};
+
+    /// Every kind of family and value the agent exposes, and the awkward ones: labels
+    /// and help that need escaping, -0, NaN, infinities, large and fractional values.
+    #[test]
+    fn same_text_as_the_prometheus_encoder() {
+        let r = registry();
+        let c = CounterVec::new(Opts::new("t_total", "a \\ back\nslash"), &["a", "b"]).unwrap();
+        c.with_label_values(&["x\"q\\\n", "2"]).inc_by(3.0);
+        c.with_label_values(&["y", ""]).inc_by(0.25);
+        c.with_label_values(&["z", "big"]).inc_by(1e15);
+        c.with_label_values(&["zz", "bigger"]).inc_by(3.5e17);
+        r.register(Box::new(c)).unwrap();
+        for (name, v) in [
+            ("g_neg_zero", -0.0),
+            ("g_nan", f64::NAN),
+            ("g_inf", f64::INFINITY),
+            ("g_minus_inf", f64::NEG_INFINITY),
+            ("g_neg", -12.0),
+            ("g_frac", 1e-7),
+            ("g_time", 1_764_625_000.123),
+            ("g_2_53", 9_007_199_254_740_992.0),
+            ("g_2_53_less_1", 9_007_199_254_740_991.0),
+            ("g_min_int", -9_007_199_254_740_991.0),
+            ("g_huge", 1e300),
+        ] {
+            let g = Gauge::new(name, "g").unwrap();
+            g.set(v);
+            r.register(Box::new(g)).unwrap();
+        }
+        let h = HistogramVec::new(
+            HistogramOpts::new("h_seconds", "h").buckets(crate::probe::BUCKETS.to_vec()),
+            &["target", "op"],
+        )
+        .unwrap();
+        for (t, v) in [("a", 0.000_03), ("a", 2.0), ("b", 400.0), ("c\"", 0.1)] {
+            h.with_label_values(&[t, "write"]).observe(v);
+        }
+        h.with_label_values(&["empty", "fsync"]);
+        r.register(Box::new(h)).unwrap();
+        let inf = HistogramVec::new(
+            HistogramOpts::new("h_inf", "explicit +Inf bucket").buckets(vec![1.0, f64::INFINITY]),
+            &["x"],
+        )
+        .unwrap();
+        inf.with_label_values(&["1"]).observe(5.0);
+        r.register(Box::new(inf)).unwrap();
+
+        let families = r.gather();
+        let want = TextEncoder::new().encode_to_string(&families).unwrap();
+        let mut got = String::new();
+        encode_text(&families, &mut got);
+        assert_eq!(got, want);
+        assert!(
+            want.contains("g_neg_zero -0\n") && want.contains("g_nan NaN\n"),
+            "{want}"
+        );
+        assert_eq!(encode(&r).len(), want.len(), "encode() writes the same");
+    }
+
+    /// Direct families and the crate's come out together in name order, as one
+    /// registry's gather() would list them.
+    #[test]
+    fn direct_families_are_merged_in_name_order() {
+        let r = Registry::new();
+        for name in ["a_total", "c_total", "e_total"] {
+            let c = prometheus::IntCounter::new(name, "crate's").unwrap();
+            c.inc();
+            r.register(Box::new(c)).unwrap();
+        }
+        for name in ["f_total", "b_total", "d_total"] {
+            let c = Arc::new(crate::exposition::family::CounterVec::new(
+                name,
+                "ours",
+                &["x"],
+            ));
+            c.with_label_values(&["1"]).inc();
+            r.register_family(c);
+        }
+        let names: Vec<&str> = encode(&r)
+            .leak()
+            .lines()
+            .filter(|l| l.starts_with("# TYPE"))
+            .map(|l| l.split(' ').nth(2).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["a_total", "b_total", "c_total", "d_total", "e_total", "f_total"]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "registered twice")]
+    fn a_name_registered_both_ways_is_refused() {
+        let r = Registry::new();
+        let c = prometheus::IntCounter::new("x_total", "crate's").unwrap();
+        r.register(Box::new(c)).unwrap();
+        r.register_family(Arc::new(crate::exposition::family::CounterVec::new(
+            "x_total",
+            "ours",
+            &["y"],
+        )));
+    }
+}

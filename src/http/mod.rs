@@ -1,0 +1,22 @@
+//! The HTTP side: `/metrics`, `/healthz`, `/` (the live page and its `/assets/`),
+//! `/api/stalls`, `/api/history`, `/-/reload`. Every handler reads the latest cached
+//! state only; nothing here waits on a probe.
+//!
+//! `router` maps paths to handlers, `state` is what they read, `page` the landing page
+//! (its markup is `assets/page.html`), `assets` the embedded files, `api` the
+//! `/api/history` body, written by `json`; `server` is the server around them (TLS,
+//! auth, limits, the accept loop).
+
+mod api;
+mod assets;
+#[doc(hidden)]
+pub mod fixture;
+mod json;
+mod page;
+mod router;
+pub mod server;
+mod state;
+
+pub use api::history_json;
+pub use router::app;
+pub use state::{App, ReloadFn, StallsJson};

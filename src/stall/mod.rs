@@ -1,0 +1,13 @@
+//! Stalls: the in-flight slot in which a lane's call is seen blocked, wait-point
+//! sampling and the cause table, the evidence read while a stall lasts and its worker,
+//! the verdict, and the log of stall events with `stallwatch_stalls_total`.
+
+pub mod causes;
+pub mod event;
+pub mod evidence;
+pub mod inflight;
+pub mod log;
+pub mod verdict;
+pub mod waits;
+pub mod wake;
+pub mod worker;

@@ -1,0 +1,472 @@
+//! Where the kernel holds a probe call: samples of the lane thread's wait point
+//! (`wchan`, and the kernel stack where readable), counted per call and settled into a
+//! [`Cause`].
+//!
+//! The watchdog takes the samples from its own thread while a call is blocked past
+//! [`SAMPLE_FRACTION`] of its threshold; the lane's probe thread, the stall log and a
+//! scrape read them. Nothing here runs while no call is blocked past that point.
+//!
+//! The files read are the agent's own threads', in the procfs of the agent's own pid
+//! namespace ([`OWN_PROCFS`]), not under `--path.procfs`: that flag may point at a host's
+//! /proc from a container, where the agent's thread ids (from `gettid`, in its own
+//! namespace) name other tasks or none.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::base::labels::Cause;
+use crate::base::sync::lock;
+use crate::stall::causes;
+
+/// The procfs of the agent's own pid namespace, where its own threads are.
+pub const OWN_PROCFS: &str = "/proc";
+
+/// Sampling starts once a call has been blocked this fraction of its stall threshold, so
+/// that a cause is settled by the time the threshold is crossed and the stall counted.
+pub const SAMPLE_FRACTION: f64 = 0.25;
+
+/// The pause between two samples of a blocked call.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+
+/// After this many samples of one call (30 s at [`SAMPLE_PERIOD`]) the pause grows to
+/// [`SLOW_SAMPLE_PERIOD`]: a call stuck for hours costs one read a second, not ten.
+pub const FAST_SAMPLES: u64 = 300;
+
+/// The pause between two samples once [`FAST_SAMPLES`] were taken.
+pub const SLOW_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
+/// Distinct (cause, symbol) pairs and distinct wchan symbols kept per call; further
+/// new symbols are counted in `dropped` only.
+pub const MAX_SYMBOLS: usize = 16;
+
+/// Frames kept of a stack, innermost first.
+pub const MAX_FRAMES: usize = 16;
+
+/// The point after which a call with this threshold is sampled.
+pub fn sampling_point(threshold: Duration) -> Duration {
+    threshold.mul_f64(SAMPLE_FRACTION)
+}
+
+/// One look at a blocked thread.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// The `wchan` symbol; None when the thread was running (the kernel writes `0`).
+    pub wchan: Option<String>,
+    /// The kernel stack, innermost frame first, symbols without offsets; None when
+    /// unreadable (not root) or empty.
+    pub stack: Option<Vec<String>>,
+}
+
+impl Sample {
+    /// The cause and the symbol that decided it: a known stack frame first (the stack
+    /// names the precise wait), else the wchan symbol. None for a running thread (no
+    /// wchan): it is not waiting, and its stack is only what it runs through.
+    pub fn classify(&self) -> Option<(Cause, String)> {
+        let w = self.wchan.as_ref()?;
+        if let Some((c, f)) = self.stack.as_deref().and_then(causes::of_stack) {
+            return Some((c, f.to_owned()));
+        }
+        Some((causes::of_symbol(w).unwrap_or(Cause::Other), w.clone()))
+    }
+}
+
+/// Parses `wchan`: a symbol, or `0` for a running task.
+pub fn parse_wchan(text: &str) -> Option<String> {
+    let s = text.trim();
+    (!s.is_empty() && s != "0").then(|| s.to_owned())
+}
+
+/// Parses `/proc/PID/task/TID/stack`: lines `[<0>] symbol+0x15f/0x1d0`, innermost
+/// first. Module suffixes (` [ext4]`) and offsets are dropped; a line that is not in
+/// that shape is skipped.
+pub fn parse_stack(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.trim().split_once("] ")?.1;
+            let sym = rest.split(['+', ' ']).next()?.trim();
+            (!sym.is_empty()).then(|| sym.to_owned())
+        })
+        .take(MAX_FRAMES)
+        .collect()
+}
+
+/// Reads the wait point of thread `tid` of this process.
+pub struct Reader {
+    /// Cleared at the first refusal: without CAP_SYS_ADMIN every read of a stack is
+    /// refused, so it is not tried again.
+    stack_readable: AtomicBool,
+}
+
+impl Default for Reader {
+    fn default() -> Reader {
+        Reader {
+            stack_readable: AtomicBool::new(true),
+        }
+    }
+}
+
+/// Reads a small procfs file in one `read` (open, read, close: no size probe, no read
+/// of the end): `wchan` is a symbol, `stack` a few hundred bytes, and the kernel's
+/// seq_file hands all of it to the first read of a buffer this size.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    let mut buf = [0u8; 8192];
+    let n = std::fs::File::open(path)?.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+impl Reader {
+    /// One sample of thread `tid`; None when its files cannot be read (it exited).
+    pub fn sample(&self, tid: u32) -> Option<Sample> {
+        let dir = PathBuf::from(OWN_PROCFS).join(format!("self/task/{tid}"));
+        let wchan = read_small(&dir.join("wchan")).ok()?;
+        let stack = if self.stack_readable.load(Ordering::Relaxed) {
+            match read_small(&dir.join("stack")) {
+                Ok(t) => Some(parse_stack(&t)).filter(|s| !s.is_empty()),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    self.stack_readable.store(false, Ordering::Relaxed);
+                    None
+                }
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        Some(Sample {
+            wchan: parse_wchan(&wchan),
+            stack,
+        })
+    }
+}
+
+/// A wchan symbol and how many samples showed it (event field `wchan`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SymbolCount {
+    pub symbol: String,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Classified {
+    cause: Cause,
+    symbol: String,
+    count: u64,
+    /// The latest stack that gave this pair.
+    stack: Option<Vec<String>>,
+}
+
+/// The samples of one call, bounded: counts per wchan symbol and per (cause, symbol).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WaitSamples {
+    /// In the order first seen.
+    wchan: Vec<SymbolCount>,
+    classified: Vec<Classified>,
+    /// Samples taken, including those of a running thread.
+    pub total: u64,
+    /// Samples whose new symbol did not fit in [`MAX_SYMBOLS`].
+    pub dropped: u64,
+}
+
+impl WaitSamples {
+    /// Folds one sample in.
+    pub fn add(&mut self, s: &Sample) {
+        self.total += 1;
+        if let Some(w) = &s.wchan {
+            if let Some(c) = self.wchan.iter_mut().find(|c| &c.symbol == w) {
+                c.count += 1;
+            } else if self.wchan.len() < MAX_SYMBOLS {
+                self.wchan.push(SymbolCount {
+                    symbol: w.clone(),
+                    count: 1,
+                });
+            } else {
+                self.dropped += 1;
+            }
+        }
+        let Some((cause, symbol)) = s.classify() else {
+            return;
+        };
+        if let Some(c) = self
+            .classified
+            .iter_mut()
+            .find(|c| c.cause == cause && c.symbol == symbol)
+        {
+            c.count += 1;
+            if s.stack.is_some() {
+                c.stack.clone_from(&s.stack);
+            }
+        } else if self.classified.len() < MAX_SYMBOLS {
+            self.classified.push(Classified {
+                cause,
+                symbol,
+                count: 1,
+                stack: s.stack.clone(),
+            });
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The wchan symbols, most frequent first (first seen first among equals).
+    pub fn wchan(&self) -> Vec<SymbolCount> {
+        let mut v = self.wchan.clone();
+        v.sort_by_key(|c| std::cmp::Reverse(c.count));
+        v
+    }
+
+    /// The cause of the call. The rule: the cause with most samples among the mapped
+    /// ones (every cause but `other`), the one seen first among equals; `other` when
+    /// samples exist but none maps; `unknown` without a sample that named a wait point.
+    pub fn cause(&self) -> Cause {
+        self.decided().map_or(Cause::Unknown, |c| c.cause)
+    }
+
+    /// The symbol that decided the cause: the most frequent one of that cause.
+    pub fn symbol(&self) -> Option<&str> {
+        self.decided().map(|c| c.symbol.as_str())
+    }
+
+    /// The latest stack of the deciding symbol, when stacks were readable.
+    pub fn stack(&self) -> Option<&[String]> {
+        self.decided()?.stack.as_deref()
+    }
+
+    fn decided(&self) -> Option<&Classified> {
+        let mut totals: Vec<(Cause, u64)> = Vec::new();
+        for c in &self.classified {
+            match totals.iter_mut().find(|(k, _)| *k == c.cause) {
+                Some((_, n)) => *n += c.count,
+                None => totals.push((c.cause, c.count)),
+            }
+        }
+        let best = |mapped: bool| {
+            totals
+                .iter()
+                .filter(|(k, _)| (*k != Cause::Other) == mapped)
+                // max_by_key keeps the last of equals: reverse to keep the first seen.
+                .rev()
+                .max_by_key(|(_, n)| *n)
+                .map(|&(k, _)| k)
+        };
+        let cause = best(true).or_else(|| best(false))?;
+        self.classified
+            .iter()
+            .filter(|c| c.cause == cause)
+            .rev()
+            .max_by_key(|c| c.count)
+    }
+}
+
+struct Current {
+    seq: u64,
+    samples: WaitSamples,
+    next: Instant,
+}
+
+/// A lane's thread id and the samples of its call in flight. Written by the lane (its
+/// tid, once) and by the watchdog (samples); read by the lane, the stall log and a
+/// scrape, under a lock held for a copy, never across a read of procfs.
+#[derive(Default)]
+pub struct LaneWaits {
+    /// The lane thread's id, 0 until its thread started.
+    tid: AtomicU32,
+    current: Mutex<Option<Current>>,
+}
+
+impl LaneWaits {
+    /// Records the calling thread as the lane's thread.
+    pub fn set_tid_here(&self) {
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        self.tid.store(tid, Ordering::Relaxed);
+    }
+
+    /// The lane thread's id, once its thread has started.
+    pub fn tid(&self) -> Option<u32> {
+        Some(self.tid.load(Ordering::Relaxed)).filter(|&t| t != 0)
+    }
+
+    /// Samples call `seq` when a sample is due, returns when the next one is.
+    pub fn sample_if_due(&self, reader: &Reader, seq: u64, now: Instant) -> Instant {
+        let due = match &*lock(&self.current) {
+            Some(c) if c.seq == seq => c.next,
+            _ => now,
+        };
+        if due > now {
+            return due;
+        }
+        // Read outside the lock: a scrape must not wait for procfs.
+        let sample = self.tid().and_then(|t| reader.sample(t));
+        let mut cur = lock(&self.current);
+        if cur.as_ref().is_none_or(|c| c.seq != seq) {
+            *cur = Some(Current {
+                seq,
+                samples: WaitSamples::default(),
+                next: now,
+            });
+        }
+        let c = cur.as_mut().expect("just set");
+        if let Some(s) = &sample {
+            c.samples.add(s);
+        }
+        let period = if c.samples.total >= FAST_SAMPLES {
+            SLOW_SAMPLE_PERIOD
+        } else {
+            SAMPLE_PERIOD
+        };
+        c.next = now + period;
+        c.next
+    }
+
+    /// A copy of the samples of call `seq`, if it was sampled.
+    pub fn of(&self, seq: u64) -> Option<WaitSamples> {
+        match &*lock(&self.current) {
+            Some(c) if c.seq == seq => Some(c.samples.clone()),
+            _ => None,
+        }
+    }
+
+    /// The cause of call `seq` as sampled so far.
+    pub fn cause_of(&self, seq: u64) -> Cause {
+        match &*lock(&self.current) {
+            Some(c) if c.seq == seq => c.samples.cause(),
+            _ => Cause::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FROZEN_STACK: &str = "[<0>] percpu_rwsem_wait+0x15f/0x1d0
+[<0>] mnt_want_write+0x96/0xc0
+[<0>] path_openat+0x9b3/0x12d0
+[<0>] do_filp_open+0xc3/0x180
+[<0>] ext4_file_write_iter+0x1a/0x30 [ext4]
+[<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e
+";
+
+    fn sample(wchan: &str, stack: Option<&[&str]>) -> Sample {
+        Sample {
+            wchan: parse_wchan(wchan),
+            stack: stack.map(|s| s.iter().map(|f| f.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn stack_lines_lose_offsets_and_modules() {
+        let frames = parse_stack(FROZEN_STACK);
+        assert_eq!(frames[0], "percpu_rwsem_wait");
+        assert_eq!(frames[4], "ext4_file_write_iter");
+        assert_eq!(frames.len(), 6);
+        assert!(parse_stack("").is_empty());
+        assert_eq!(parse_stack("garbage\n[<0>] ok+0x1/0x2\n"), ["ok"]);
+        let long: String = (0..40).map(|i| format!("[<0>] f{i}+0x1/0x2\n")).collect();
+        assert_eq!(parse_stack(&long).len(), MAX_FRAMES);
+    }
+
+    #[test]
+    fn a_running_thread_has_no_wchan() {
+        assert_eq!(parse_wchan("0"), None);
+        assert_eq!(parse_wchan(""), None);
+        assert_eq!(
+            parse_wchan("percpu_rwsem_wait"),
+            Some("percpu_rwsem_wait".into())
+        );
+    }
+
+    #[test]
+    fn a_known_frame_beats_the_wchan_symbol() {
+        // wchan names the outermost non-scheduler caller; the stack is more precise.
+        let s = sample(
+            "folio_wait_bit",
+            Some(&["folio_wait_bit", "folio_wait_writeback", "ext4_sync_file"]),
+        );
+        assert_eq!(
+            s.classify(),
+            Some((Cause::WritebackWait, "folio_wait_writeback".into()))
+        );
+        let s = sample("request_wait_answer", None);
+        assert_eq!(
+            s.classify(),
+            Some((Cause::Remote, "request_wait_answer".into()))
+        );
+        let s = sample("some_new_wait", Some(&["some_new_wait", "do_syscall_64"]));
+        assert_eq!(s.classify(), Some((Cause::Other, "some_new_wait".into())));
+        assert_eq!(sample("0", None).classify(), None);
+    }
+
+    #[test]
+    fn the_most_frequent_mapped_cause_wins_over_unmapped_ones() {
+        let mut w = WaitSamples::default();
+        assert_eq!(w.cause(), Cause::Unknown);
+        for _ in 0..5 {
+            w.add(&sample("mystery_wait", None));
+        }
+        assert_eq!(w.cause(), Cause::Other);
+        assert_eq!(w.symbol(), Some("mystery_wait"));
+        w.add(&sample("jbd2_log_wait_commit", None));
+        w.add(&sample("folio_wait_writeback", None));
+        w.add(&sample("folio_wait_writeback", None));
+        assert_eq!(
+            w.cause(),
+            Cause::WritebackWait,
+            "mapped beats more frequent other"
+        );
+        w.add(&sample("jbd2_log_wait_commit", None));
+        assert_eq!(w.cause(), Cause::Journal, "equals: the first seen");
+        w.add(&sample("0", None));
+        assert_eq!(w.total, 10);
+        let top = &w.wchan()[0];
+        assert_eq!((top.symbol.as_str(), top.count), ("mystery_wait", 5));
+        let json = serde_json::to_value(w.wchan()).unwrap();
+        assert_eq!(json[0]["symbol"], "mystery_wait");
+        assert_eq!(json[0]["count"], 5);
+    }
+
+    #[test]
+    fn the_stack_of_the_deciding_symbol_is_kept() {
+        let mut w = WaitSamples::default();
+        w.add(&sample(
+            "percpu_rwsem_wait",
+            Some(&["percpu_rwsem_wait", "mnt_want_write"]),
+        ));
+        assert_eq!(w.cause(), Cause::Frozen);
+        assert_eq!(w.stack().unwrap()[1], "mnt_want_write");
+    }
+
+    #[test]
+    fn symbols_are_bounded() {
+        let mut w = WaitSamples::default();
+        for i in 0..(MAX_SYMBOLS + 5) {
+            w.add(&sample(&format!("wait_{i}"), None));
+        }
+        assert_eq!(w.wchan().len(), MAX_SYMBOLS);
+        assert_eq!(w.dropped, 10, "5 wchan and 5 classified pairs did not fit");
+    }
+
+    #[test]
+    fn samples_follow_the_call_and_the_period() {
+        let lane = LaneWaits::default();
+        lane.set_tid_here();
+        let reader = Reader::default();
+        let now = Instant::now();
+        let next = lane.sample_if_due(&reader, 7, now);
+        assert_eq!(next, now + SAMPLE_PERIOD);
+        assert_eq!(
+            lane.sample_if_due(&reader, 7, now),
+            next,
+            "not due again yet"
+        );
+        assert_eq!(lane.of(7).unwrap().total, 1);
+        // This thread is running while it reads itself: no wait point.
+        assert_eq!(lane.cause_of(7), Cause::Unknown);
+        lane.sample_if_due(&reader, 8, now);
+        assert!(lane.of(7).is_none(), "a new call starts afresh");
+        assert_eq!(lane.of(8).unwrap().total, 1);
+    }
+}
