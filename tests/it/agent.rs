@@ -1,13 +1,13 @@
 //! The real binary driven from outside: scraped over HTTP while it probes a temporary
 //! directory, and (as root) while a target's XFS is frozen or unmounted under it.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use crate::common::{require_root, wait_until, Agent, LoopFs, Metrics};
 
 fn tmp_target_yaml(dir: &std::path::Path, interval: &str) -> String {
     format!(

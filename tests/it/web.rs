@@ -3,7 +3,7 @@
 //! header size, idle and half-sent connections) and the listener closing on SIGTERM.
 //! Certificates are made here with rcgen; all traffic stays on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use crate::common::{Agent, RawResponse};
 use base64::Engine as _;
-use common::{Agent, RawResponse};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,

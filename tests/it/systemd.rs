@@ -17,13 +17,11 @@
 //! /var/cache/stallwatch-tests/, or STALLWATCH_SYSTEMD_ROOT_CACHE), cargo-deb, util-linux
 //! (unshare, nsenter), iproute2.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{repo, require_root, tool, wait_until, LoopFs, Metrics};
+use crate::common::{repo, require_root, tool, wait_until, LoopFs, Metrics};
 
 const CACHE_DEFAULT: &str = "/var/cache/stallwatch-tests/bookworm-systemd";
 const CACHE_ENV: &str = "STALLWATCH_SYSTEMD_ROOT_CACHE";

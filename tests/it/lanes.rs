@@ -2,15 +2,13 @@
 //! not stop the same target's create probe; a freeze blocks every lane and each stall
 //! names the others; the append probe rotates its log; no thread pile-up.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
+use crate::common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
 
 fn stalls(agent: &Agent) -> Vec<Value> {

@@ -1,6 +1,6 @@
 //! Self-tests of the shared harness in `tests/common/mod.rs`.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     any_mount_under, losetup_list, mounted_at, parse_listening, require_root, wait_until, Agent,
     LoopFs, Metrics,
 };

@@ -8,8 +8,6 @@
 //! A missing tool fails the test with the install command: these checks must not silently
 //! turn into no checks.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -18,8 +16,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::prom::{dashboard_exprs, Prometheus};
-use common::{fresh_client, repo, request, tool, which};
+use crate::common::prom::{dashboard_exprs, Prometheus};
+use crate::common::{fresh_client, repo, request, tool, which};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------

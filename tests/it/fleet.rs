@@ -9,14 +9,12 @@
 //!
 //! Root: loop devices, tmpfs mounts, fsfreeze, blkio throttling. Needs prometheus.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::prom::{dashboard_exprs, Prometheus};
-use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
+use crate::common::prom::{dashboard_exprs, Prometheus};
+use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
 use serde_json::Value;
 
 const AGENTS: usize = 20;

@@ -17,12 +17,12 @@
 //! for paths they have not served yet, and /metrics again. Figures are printed; the locked
 //! agent must answer every request within a second, the unlocked one is shown, not judged.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{client_config, request, require_root, run, Agent, LoopFs, Metrics};
+use crate::common::{client_config, request, require_root, run, Agent, LoopFs, Metrics};
 
 /// Reads from the binaries' device, bytes/s, while the agents are asked.
 const CRAWL_BPS: u64 = 8 * 1024;

@@ -3,12 +3,10 @@
 //! threads), its histograms and its stall log; an invalid file is refused and the running
 //! configuration kept.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{fresh_client, request, require_root, wait_until, Agent, LoopFs, Metrics};
+use crate::common::{fresh_client, request, require_root, wait_until, Agent, LoopFs, Metrics};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(15);

@@ -2,7 +2,7 @@
 //! tmpfs and ramfs for direct I/O), its text and JSON output, its exit codes, the live
 //! notice while a call is blocked by an fsfreeze, and Ctrl-C.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::LoopFs;
+use crate::common::LoopFs;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stallwatch");

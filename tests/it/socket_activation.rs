@@ -5,15 +5,15 @@
 //! the refusals (nothing passed, passed to another process, not a listening socket) exit
 //! with status 2 and say why. The real systemd case is in tests/systemd.rs.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 
+use crate::common::{fresh_client, request, Agent, AGENT_BIN};
 use base64::Engine as _;
-use common::{fresh_client, request, Agent, AGENT_BIN};
 
 const CONFIG: &str = "vm_interval: 1s\ntargets:\n  - path: /var/tmp\n    name: var_tmp\n    require_mountpoint: false\n    interval: 1s\n";
 

@@ -21,13 +21,11 @@
 //! the probe's fsync waits for must first write the writer's dirty data, in the root's
 //! share of the throttle (the fsync-behind-a-writer case of the mailing lists).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
+use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
 use serde_json::Value;
 
 const THROTTLE_BPS: u64 = 2 << 20;

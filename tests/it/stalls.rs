@@ -1,13 +1,11 @@
 //! Stall events for real: an fsync stuck behind throttled writeback, and operations
 //! blocked by fsfreeze, seen in `/api/stalls` while they last and counted once.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs};
+use crate::common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs};
 use serde_json::Value;
 
 fn stalls(agent: &Agent) -> Vec<Value> {

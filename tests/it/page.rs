@@ -9,15 +9,15 @@
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
 //! there. Screenshots go to `target/page-screenshots/`.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{require_root, wait_until, Agent, LoopFs};
 use base64::Engine as _;
-use common::{require_root, wait_until, Agent, LoopFs};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 

@@ -6,8 +6,6 @@
 //! keeps being probed without an error: a fault on one target never touches another.
 //! All tests need root (loop devices, mount, fsfreeze, xfs_io, strace).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::net::TcpStream;
@@ -19,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs, Metrics};
+use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs, Metrics};
 
 /// How long any expected change may take to show (several cycles of 300 ms).
 const WAIT: Duration = Duration::from_secs(15);

@@ -6,7 +6,7 @@
 //! that the agent's event, counter and live gauge name that cause. The agent's mapping
 //! (`src/causes.rs`) is not used here.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
+use crate::common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
 
 /// The agent names each lane thread `p<target index>-<mode>` (supervisor.rs).
