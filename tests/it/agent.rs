@@ -1,13 +1,16 @@
 //! The real binary driven from outside: scraped over HTTP while it probes a temporary
 //! directory, and (as root) while a target's XFS is frozen or unmounted under it.
 
-use crate::common;
-
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use crate::support::agent::Agent;
+use crate::support::cmd::run;
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 fn tmp_target_yaml(dir: &std::path::Path, interval: &str) -> String {
     format!(
@@ -476,7 +479,7 @@ fn btrfs_subvolume_mounts_pass_the_mount_check() {
         return;
     }
     let fs = LoopFs::new("btrfs", 256);
-    common::run(
+    run(
         "btrfs",
         &[
             "-q",
@@ -489,7 +492,7 @@ fn btrfs_subvolume_mounts_pass_the_mount_check() {
     let other = tempfile::tempdir().unwrap();
     let mnt = other.path().join("subvol");
     std::fs::create_dir(&mnt).unwrap();
-    common::run(
+    run(
         "mount",
         &["-o", "subvol=sub", fs.dev(), mnt.to_str().unwrap()],
     );

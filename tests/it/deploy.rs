@@ -16,9 +16,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::prom::{dashboard_exprs, Prometheus};
-use crate::common::{fresh_client, repo, request, tool, which};
+use crate::support::prom::{dashboard_exprs, Prometheus};
 use serde_json::Value;
+
+use crate::support::cmd::{repo, tool, which};
+use crate::support::http::{fresh_client, request};
 
 // ---------------------------------------------------------------------------------------
 // helpers

@@ -6,8 +6,6 @@
 //! that the agent's event, counter and live gauge name that cause. The agent's mapping
 //! (`src/causes.rs`) is not used here.
 
-use crate::common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -16,8 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::cmd::run_cmd;
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::mounts::mounted_at;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
+use crate::support::writer::{random_writer, Kick};
 
 /// The agent names each lane thread `p<target index>-<mode>` (supervisor.rs).
 fn lane_tid(agent: &Agent, mode: &str) -> u32 {
@@ -664,7 +670,7 @@ struct FuseMount {
 impl FuseMount {
     fn new() -> FuseMount {
         if !Path::new("/dev/fuse").exists() {
-            let _ = common::run_cmd("modprobe", &["fuse"]);
+            let _ = run_cmd("modprobe", &["fuse"]);
         }
         assert!(
             Path::new("/dev/fuse").exists(),
@@ -702,7 +708,7 @@ impl FuseMount {
         let session = fuser::spawn_mount(fs, &mnt, &config).expect("FUSE mount");
         assert!(
             wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
-                common::mounted_at(&mnt).is_some()
+                mounted_at(&mnt).is_some()
             }),
             "FUSE filesystem not mounted at {}",
             mnt.display()
@@ -722,7 +728,7 @@ impl Drop for FuseMount {
         std::thread::sleep(Duration::from_millis(100));
         if let Some(s) = self.session.take() {
             if s.umount_and_join().is_err() {
-                let _ = common::run_cmd("umount", &["-l", self.mnt.to_str().unwrap()]);
+                let _ = run_cmd("umount", &["-l", self.mnt.to_str().unwrap()]);
             }
         }
     }

@@ -25,8 +25,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const THROTTLE_BPS: u64 = 2 << 20;
 const MEMCG: &str = "/sys/fs/cgroup/memory";

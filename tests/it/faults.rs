@@ -17,7 +17,12 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs, Metrics};
+use crate::support::agent::Agent;
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 /// How long any expected change may take to show (several cycles of 300 ms).
 const WAIT: Duration = Duration::from_secs(15);

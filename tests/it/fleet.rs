@@ -13,9 +13,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::prom::{dashboard_exprs, Prometheus};
-use crate::common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
+use crate::support::prom::{dashboard_exprs, Prometheus};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const AGENTS: usize = 20;
 const JOB: &str = "stallwatch";

@@ -1,6 +1,4 @@
-//! Self-tests of the shared harness in `tests/common/mod.rs`.
-
-use crate::common;
+//! Self-tests of the shared harness in `support/`.
 
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,10 +7,13 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{
-    any_mount_under, losetup_list, mounted_at, parse_listening, require_root, wait_until, Agent,
-    LoopFs, Metrics,
-};
+use crate::support::agent::{parse_listening, Agent, AGENT_BIN};
+use crate::support::cmd::run;
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::mounts::{mounted_at, mountinfo};
+use crate::support::root::{euid, require_root, SKIP_ROOT_ENV};
+use crate::support::wait::wait_until;
 
 // ---------------------------------------------------------------------------------------
 // Metrics: lookups over what nom-openmetrics parsed
@@ -231,14 +232,14 @@ fn agent_api_compiles() {
     let _start_with: fn(&str, &[&str]) -> Agent = Agent::start_with_args;
     let _get: fn(&Agent, &str) -> (u16, String, Duration) = Agent::get;
     let _scrape: fn(&Agent) -> Metrics = Agent::scrape;
-    assert!(common::AGENT_BIN.ends_with("stallwatch"));
+    assert!(AGENT_BIN.ends_with("stallwatch"));
 }
 
 #[test]
 fn require_root_as_root() {
-    if common::euid() == 0 {
+    if euid() == 0 {
         assert!(require_root("require_root_as_root"));
-    } else if std::env::var(common::SKIP_ROOT_ENV).as_deref() == Ok("1") {
+    } else if std::env::var(SKIP_ROOT_ENV).as_deref() == Ok("1") {
         assert!(!require_root("require_root_as_root"));
     } else {
         let r = catch_unwind(|| require_root("require_root_as_root"));
@@ -252,6 +253,16 @@ fn require_root_as_root() {
 // ---------------------------------------------------------------------------------------
 // LoopFs (root)
 // ---------------------------------------------------------------------------------------
+
+/// Output of `losetup -a` (one line per attached loop device, naming its backing file).
+fn losetup_list() -> String {
+    run("losetup", &["-a"])
+}
+
+/// True when anything is mounted at `path` or below it.
+fn any_mount_under(path: &Path) -> bool {
+    mountinfo().iter().any(|m| m.mount_point.starts_with(path))
+}
 
 /// What identifies a guard after it is gone.
 struct Traces {

@@ -8,8 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
+use crate::support::writer::{random_writer, Kick};
 
 fn stalls(agent: &Agent) -> Vec<Value> {
     let (status, body, _) = agent.get("/api/stalls");

@@ -7,7 +7,7 @@
 //! machine take [`support::machine`]'s lock. Root tests need root, or
 //! `STALLWATCH_SKIP_ROOT_TESTS=1` to skip them loudly (see [`support::root`]).
 
-mod common;
+mod support;
 
 mod agent;
 mod architecture;

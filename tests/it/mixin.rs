@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{repo, tool};
 use serde_json::Value;
+
+use crate::support::cmd::{repo, tool};
 
 /// The files scripts/build-mixin writes, relative to the repository (or its output dir).
 const GENERATED: &[&str] = &[

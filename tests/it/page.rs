@@ -9,17 +9,20 @@
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
 //! there. Screenshots go to `target/page-screenshots/`.
 
-use crate::common;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{require_root, wait_until, Agent, LoopFs};
 use base64::Engine as _;
 use serde_json::{json, Value};
 use tempfile::TempDir;
+
+use crate::support::agent::Agent;
+use crate::support::http::{fresh_client, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 /// Flags Chromium needs as root in a container on a closed network: without the
 /// background-networking ones it tries (and is refused) to reach Google's services.
@@ -631,9 +634,9 @@ fn without_javascript_the_page_shows_its_tables() {
     );
     assert!(total <= 200_000, "page weight {total} bytes");
     // GET only; assets revalidate by ETag; a malformed query is refused.
-    let client = common::fresh_client();
+    let client = fresh_client();
     for path in ["/", "/api/history", "/assets/page.js"] {
-        let r = common::request(&client, "POST", &agent.url(path), &[]).unwrap();
+        let r = request(&client, "POST", &agent.url(path), &[]).unwrap();
         assert_eq!(r.status, 405, "POST {path}");
     }
     let js = agent.get_raw("/assets/page.js", &[]).unwrap();

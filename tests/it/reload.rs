@@ -6,8 +6,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{fresh_client, request, require_root, wait_until, Agent, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::http::{fresh_client, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(50);

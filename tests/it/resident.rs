@@ -17,12 +17,15 @@
 //! for paths they have not served yet, and /metrics again. Figures are printed; the locked
 //! agent must answer every request within a second, the unlocked one is shown, not judged.
 
-use crate::common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{client_config, request, require_root, run, Agent, LoopFs, Metrics};
+use crate::support::agent::{Agent, AGENT_BIN};
+use crate::support::cmd::run;
+use crate::support::http::{client_config, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
 
 /// Reads from the binaries' device, bytes/s, while the agents are asked.
 const CRAWL_BPS: u64 = 8 * 1024;
@@ -119,12 +122,7 @@ fn copy_binary(dir: &Path, name: &str) -> PathBuf {
     let dest = dir.join(name);
     run(
         "strip",
-        &[
-            "--strip-debug",
-            "-o",
-            dest.to_str().unwrap(),
-            common::AGENT_BIN,
-        ],
+        &["--strip-debug", "-o", dest.to_str().unwrap(), AGENT_BIN],
     );
     // On disk before the page cache is dropped: written back now, not under the limit.
     run("sync", &["-f", dest.to_str().unwrap()]);

@@ -21,7 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{repo, require_root, tool, wait_until, LoopFs, Metrics};
+use crate::support::cmd::{repo, tool};
+use crate::support::loopfs::LoopFs;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const CACHE_DEFAULT: &str = "/var/cache/stallwatch-tests/bookworm-systemd";
 const CACHE_ENV: &str = "STALLWATCH_SYSTEMD_ROOT_CACHE";

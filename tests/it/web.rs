@@ -3,8 +3,6 @@
 //! header size, idle and half-sent connections) and the listener closing on SIGTERM.
 //! Certificates are made here with rcgen; all traffic stays on 127.0.0.1.
 
-use crate::common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -12,7 +10,6 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::common::{Agent, RawResponse};
 use base64::Engine as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -20,6 +17,10 @@ use rcgen::{
 };
 use tempfile::TempDir;
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+
+use crate::support::agent::{Agent, AGENT_BIN};
+use crate::support::http::{client_config, fresh_client, request, RawResponse};
+use crate::support::wait::wait_until;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -196,7 +197,7 @@ fn http(
     headers: &[(&str, &str)],
 ) -> Result<RawResponse, String> {
     let url = format!("http://{addr}{path}");
-    common::request(&common::fresh_client(), method, &url, headers)
+    request(&fresh_client(), method, &url, headers)
 }
 
 /// A TLS client trusting `root`, presenting `client` if given. Every request opens a
@@ -211,7 +212,7 @@ fn tls_client(root: &Identity, client: Option<&Identity>) -> ureq::Agent {
         .root_certs(RootCerts::new_with_certs(&[pem(&root.cert_pem)]))
         .client_cert(client_cert)
         .build();
-    common::client_config()
+    client_config()
         .max_idle_connections(0)
         .tls_config(tls)
         .build()
@@ -227,7 +228,7 @@ fn https(
     headers: &[(&str, &str)],
 ) -> Result<RawResponse, String> {
     let port = addr.rsplit(':').next().unwrap();
-    common::request(
+    request(
         client,
         "GET",
         &format!("https://localhost:{port}{path}"),
@@ -243,7 +244,7 @@ fn basic(user: &str, pass: &str) -> String {
 /// Runs the agent expecting it to refuse its web config: (exit code, stderr).
 fn refused(setup: &Setup, web_config: &Path) -> (Option<i32>, String) {
     let cfg = setup.write("config.yaml", &setup.config_yaml());
-    let mut child = Command::new(common::AGENT_BIN)
+    let mut child = Command::new(AGENT_BIN)
         .arg("--config")
         .arg(&cfg)
         .args(["--web.listen-address", "127.0.0.1:0", "--web.config.file"])
@@ -427,7 +428,7 @@ fn a_replaced_certificate_is_served_without_a_restart() {
     );
     assert!(agent.wait_log("keeping the previous one", Duration::from_secs(2)));
     s.write("server.key", &new_server.key_pem);
-    let rotated = common::wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+    let rotated = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
         https(&addr, &trust_new, "/healthz", &[]).is_ok_and(|r| r.status == 200)
     });
     assert!(rotated, "the new certificate was not picked up");
@@ -746,7 +747,7 @@ fn sigterm_closes_the_listener_at_once() {
 
     let start = Instant::now();
     assert!(agent.signal("TERM"));
-    let refused = common::wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
+    let refused = wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
         TcpStream::connect(&addr).is_err()
     });
     assert!(
