@@ -706,19 +706,19 @@ struct Proc {
 }
 
 impl Proc {
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    fn pid(&self) -> rustix::process::Pid {
+        rustix::process::Pid::from_child(&self.child)
     }
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        use nix::sys::signal::{kill, Signal};
+        use rustix::process::{kill_process, Signal};
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
         // SIGTERM first: the agent removes its probe files, Prometheus closes its TSDB.
-        let _ = kill(self.pid(), Signal::SIGTERM);
+        let _ = kill_process(self.pid(), Signal::TERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {

@@ -696,8 +696,8 @@ impl FuseMount {
             nodes: Mutex::new(nodes),
             next: AtomicU64::new(2),
             hang: Arc::clone(&hang),
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
         };
         let mut config = fuser::Config::default();
         config.mount_options = vec![

@@ -510,13 +510,7 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
 /// CPU time of `f` on this thread.
 fn thread_cpu<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let now = || {
-        let mut ts = nix::libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a plain syscall writing into a timespec we own.
-        let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        assert_eq!(rc, 0);
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     };
     let t0 = now();

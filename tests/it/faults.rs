@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::net::TcpStream;
-use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -438,10 +437,10 @@ fn extents(file: &Path) -> Vec<(u64, u64)> {
 
 /// True when `offset` of `file` is a hole (nothing allocated there).
 fn is_hole(file: &Path, offset: u64) -> bool {
-    use nix::unistd::{lseek, Whence};
+    use rustix::fs::{seek, SeekFrom};
     let f = std::fs::File::open(file).unwrap();
-    match lseek(f.as_fd(), offset as i64, Whence::SeekHole) {
-        Ok(h) => h as u64 == offset,
+    match seek(&f, SeekFrom::Hole(offset)) {
+        Ok(h) => h == offset,
         Err(e) => panic!("SEEK_HOLE on {}: {e}", file.display()),
     }
 }
@@ -730,8 +729,8 @@ fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
 /// Swaps two paths atomically (renameat2 RENAME_EXCHANGE), so a running agent never
 /// sees neither.
 fn exchange(a: &Path, b: &Path) {
-    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
-    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE)
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
         .unwrap_or_else(|e| panic!("exchange {} and {}: {e}", a.display(), b.display()));
 }
 

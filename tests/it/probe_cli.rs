@@ -136,8 +136,8 @@ impl Probe {
     }
 
     fn sigint(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("kill -INT");
+        let pid = rustix::process::Pid::from_raw(self.pid as i32).expect("a child's pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("kill -INT");
     }
 
     /// Waits up to `timeout` for the exit; panics (with the output so far) when it
@@ -397,7 +397,7 @@ impl MemFs {
         let r = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .custom_flags(nix::libc::O_DIRECT)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(&f);
         let _ = std::fs::remove_file(&f);
         r.map(drop)
@@ -1051,7 +1051,11 @@ fn direct_mode_refused_on_ramfs_says_so_and_exits_1() {
     let e = fs
         .accepts_o_direct()
         .expect_err("ramfs accepted O_DIRECT; this test needs a filesystem that refuses it");
-    assert_eq!(e.raw_os_error(), Some(nix::libc::EINVAL), "{e}");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(rustix::io::Errno::INVAL.raw_os_error()),
+        "{e}"
+    );
     let path = s(&fs.mnt);
 
     let r = probe(&[path, "--mode", "direct", "--count", "2", "--interval", "0"]);
