@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::support::agent::Agent;
 use crate::support::cmd::run;
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
@@ -28,6 +29,7 @@ fn mode_of(op: &str) -> &'static str {
 
 #[test]
 fn histogram_counts_grow_by_the_cycles_that_ran() {
+    let _machine = machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start(&tmp_target_yaml(dir.path(), "200ms"));
     assert!(wait_until(
@@ -267,6 +269,7 @@ fn frozen_target_blocks_only_itself() {
     if !require_root("frozen_target_blocks_only_itself") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let other = tempfile::tempdir().unwrap();
     let yaml = format!(
@@ -402,6 +405,7 @@ fn unmounted_target_is_not_probed() {
     if !require_root("unmounted_target_is_not_probed") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "targets:\n  - path: {}\n    name: gone\n    interval: 200ms\n",
@@ -478,6 +482,7 @@ fn btrfs_subvolume_mounts_pass_the_mount_check() {
     if !require_root("btrfs_subvolume_mounts_pass_the_mount_check") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("btrfs", 256);
     run(
         "btrfs",

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::support::cmd::{repo, tool, which};
 use crate::support::http::{fresh_client, request};
+use crate::support::machine;
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -684,6 +685,8 @@ fn dashboard_structure() {
 
 #[test]
 fn debian_package_builds_and_passes_lintian() {
+    // A release build takes both cores for minutes.
+    let _machine = machine::exclusive();
     tool("cargo-deb", "cargo install cargo-deb --locked");
     tool("lintian", "apt-get install lintian");
     let out = run(Command::new("bash")

@@ -19,6 +19,7 @@ use serde_json::Value;
 use crate::support::agent::Agent;
 use crate::support::cmd::run_cmd;
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::mounts::mounted_at;
 use crate::support::root::require_root;
@@ -223,6 +224,7 @@ fn a_frozen_filesystem_is_diagnosed_frozen() {
     if !require_root("a_frozen_filesystem_is_diagnosed_frozen") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(fs.path(), "create"));
     assert!(agent.wait_up("t"));
@@ -356,6 +358,7 @@ fn a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback() {
     if !require_root("a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let agent = Agent::start(&config(fs.path(), "overwrite"));
     assert!(agent.wait_up("t"));
@@ -383,6 +386,7 @@ fn an_ext4_fsync_behind_a_streaming_writer_waits_for_the_journal_or_writeback() 
     if !require_root("an_ext4_fsync_behind_a_streaming_writer_waits_for_the_journal_or_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 256);
     let agent = Agent::start(&config(fs.path(), "overwrite"));
     assert!(agent.wait_up("t"));
@@ -739,6 +743,7 @@ fn a_fuse_server_that_stops_answering_is_diagnosed_remote() {
     if !require_root("a_fuse_server_that_stops_answering_is_diagnosed_remote") {
         return;
     }
+    let _machine = machine::shared();
     let fuse = FuseMount::new();
     let agent = Agent::start(&config(&fuse.mnt, "create"));
     assert!(agent.wait_up("t"), "{}", agent.log_tail(20));

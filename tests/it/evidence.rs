@@ -30,6 +30,7 @@ use serde_json::Value;
 use crate::support::agent::Agent;
 use crate::support::cmd::{run, run_cmd};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
 
@@ -254,6 +255,9 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
     if !require_root(test) {
         return;
     }
+    // The agent ranks every cgroup and process that dirties or writes on the machine:
+    // another test's writer would be among them.
+    let _machine = machine::exclusive();
     assert!(
         Path::new(MEMCG).join("memory.stat").is_file()
             && Path::new(BLKIO).join("blkio.throttle.io_service_bytes").is_file(),
@@ -561,6 +565,8 @@ fn cgroup_tree(sys: &Path, n: usize) {
 #[test]
 #[ignore]
 fn attribution_pass_cost_on_2000_cgroups() {
+    // A measurement: nothing else may compete for the CPU.
+    let _machine = machine::exclusive();
     use stallwatch::cgroups::{self, DevNum, Hierarchies};
     // On a tmpfs where there is one: cgroupfs lives in memory, and a disk filesystem's
     // directory blocks would be measured instead (ext4's htree readdir).

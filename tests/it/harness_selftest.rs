@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::support::agent::{parse_listening, Agent, AGENT_BIN};
 use crate::support::cmd::run;
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::mounts::{mounted_at, mountinfo};
 use crate::support::root::{euid, require_root, SKIP_ROOT_ENV};
@@ -200,6 +201,7 @@ fn listening_address_is_found_in_plain_logfmt_and_json_logs() {
 
 #[test]
 fn wait_until_is_bounded() {
+    let _machine = machine::shared();
     let t = Instant::now();
     assert!(!wait_until(
         Duration::from_millis(200),
@@ -332,6 +334,7 @@ fn loopfs_xfs_lifecycle() {
     if !require_root("loopfs_xfs_lifecycle") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let traces = Traces::of(&fs);
     assert!(fs.dev().starts_with("/dev/loop"));
@@ -428,6 +431,7 @@ fn loopfs_fill_and_free() {
     if !require_root("loopfs_fill_and_free") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 16);
     let traces = Traces::of(&fs);
     fs.fill();
@@ -446,6 +450,7 @@ fn loopfs_ext4_create_drop() {
     if !require_root("loopfs_ext4_create_drop") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("ext4", 64);
     let traces = Traces::of(&fs);
     assert_mounted_ours(&fs);
@@ -459,6 +464,7 @@ fn loopfs_btrfs_create_drop() {
     if !require_root("loopfs_btrfs_create_drop") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("btrfs", 256);
     let traces = Traces::of(&fs);
     assert_mounted_ours(&fs);
@@ -472,6 +478,7 @@ fn loopfs_cleans_up_after_a_panic_while_frozen_and_throttled() {
     if !require_root("loopfs_cleans_up_after_a_panic_while_frozen_and_throttled") {
         return;
     }
+    let _machine = machine::shared();
     let mut traces = None;
     let r = catch_unwind(AssertUnwindSafe(|| {
         let mut fs = LoopFs::new("ext4", 64);
@@ -496,6 +503,7 @@ fn loopfs_on_tmpfs_backing_gives_eio_on_writeback() {
     if !require_root("loopfs_on_tmpfs_backing_gives_eio_on_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::on_tmpfs_backing("ext4", 40, 24);
     let traces = Traces::of(&fs);
     let backing = fs.image().parent().unwrap().to_path_buf();
@@ -520,6 +528,7 @@ fn loopfs_drop_with_a_busy_mount_falls_back_to_lazy_umount() {
     if !require_root("loopfs_drop_with_a_busy_mount_falls_back_to_lazy_umount") {
         return;
     }
+    let _machine = machine::shared();
     // Declared before the guard, so it is still open when the guard drops: EBUSY.
     let held;
     let fs = LoopFs::new("ext4", 64);

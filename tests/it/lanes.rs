@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::support::agent::Agent;
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
@@ -47,6 +48,7 @@ fn a_blocked_fsync_does_not_stop_the_create_lane_of_its_target() {
     if !require_root("a_blocked_fsync_does_not_stop_the_create_lane_of_its_target") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "vm_interval: 200ms\nstall_threshold: 1s\ntargets:\n  - path: {}\n    name: slow\n    interval: 500ms\n    modes: [create, overwrite]\n",
@@ -159,6 +161,7 @@ fn a_freeze_blocks_every_lane_and_each_stall_names_the_others() {
     if !require_root("a_freeze_blocks_every_lane_and_each_stall_names_the_others") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let modes = ["create", "overwrite", "append"];
     let yaml = format!(
@@ -244,6 +247,7 @@ fn append_rotates_its_log_at_the_cap_and_leaves_nothing_behind() {
     if !require_root("append_rotates_its_log_at_the_cap_and_leaves_nothing_behind") {
         return;
     }
+    let _machine = machine::shared();
     let xfs = LoopFs::new("xfs", 320);
     let ext4 = LoopFs::new("ext4", 128);
     let fss = [("x", &xfs), ("e", &ext4)];

@@ -21,6 +21,7 @@ use tempfile::TempDir;
 use crate::support::agent::Agent;
 use crate::support::http::{fresh_client, request};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
 
@@ -342,6 +343,7 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
     if !require_root("the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let mut b = LoopFs::new("ext4", 64);
     let agent = Agent::start(&yaml(&a, &b));
@@ -553,6 +555,7 @@ fn the_live_page_works_over_tls_with_basic_auth() {
     if !require_root("the_live_page_works_over_tls_with_basic_auth") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let dir = tempfile::tempdir().unwrap();
     let web = tls_web_config(dir.path());
@@ -591,6 +594,7 @@ fn without_javascript_the_page_shows_its_tables() {
     if !require_root("without_javascript_the_page_shows_its_tables") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let yaml = format!(
         "vm_interval: 1s\ndefaults:\n  interval: 1s\ntargets:\n  - path: {}\n    name: data\n",

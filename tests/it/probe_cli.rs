@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::support::cmd::{run, run_cmd};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::mounts::mounted_at;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
@@ -462,6 +463,7 @@ fn every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up() {
     if !require_root("every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     for (mode, ops) in MODES {
@@ -542,6 +544,7 @@ fn json_has_exactly_summary_and_cycles_in_seconds() {
     if !require_root("json_has_exactly_summary_and_cycles_in_seconds") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     for (mode, ops) in MODES {
@@ -647,6 +650,7 @@ fn size_reaches_the_system_calls_and_direct_writes_are_aligned() {
     if !require_root("size_reaches_the_system_calls_and_direct_writes_are_aligned") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     let tmp = tempfile::tempdir().unwrap();
@@ -731,6 +735,7 @@ fn read_only_filesystem_fails_cycles_with_exit_1() {
     if !require_root("read_only_filesystem_fails_cycles_with_exit_1") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
 
@@ -794,6 +799,7 @@ fn live_notice_while_a_freeze_blocks_a_write() {
     if !require_root("live_notice_while_a_freeze_blocks_a_write") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     let p = Probe::start(&[
@@ -867,6 +873,7 @@ fn live_notice_when_frozen_before_start_and_json_stays_clean() {
     if !require_root("live_notice_when_frozen_before_start_and_json_stays_clean") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     fs.freeze();
@@ -908,6 +915,7 @@ fn ctrl_c_prints_the_summary_so_far() {
     if !require_root("ctrl_c_prints_the_summary_so_far") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
 
@@ -963,6 +971,7 @@ fn ctrl_c_while_a_freeze_blocks_reports_at_once() {
     if !require_root("ctrl_c_while_a_freeze_blocks_reports_at_once") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     let mut p = Probe::start(&[
@@ -1016,6 +1025,7 @@ fn direct_mode_on_tmpfs_does_what_this_kernel_does() {
     if !require_root("direct_mode_on_tmpfs_does_what_this_kernel_does") {
         return;
     }
+    let _machine = machine::shared();
     let fs = MemFs::new("tmpfs");
     let path = s(&fs.mnt);
     let r = probe(&[path, "--mode", "direct", "--count", "3", "--interval", "0"]);
@@ -1047,6 +1057,7 @@ fn direct_mode_refused_on_ramfs_says_so_and_exits_1() {
     if !require_root("direct_mode_refused_on_ramfs_says_so_and_exits_1") {
         return;
     }
+    let _machine = machine::shared();
     let fs = MemFs::new("ramfs");
     let e = fs
         .accepts_o_direct()

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::support::agent::Agent;
 use crate::support::http::{fresh_client, request};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
@@ -76,6 +77,7 @@ fn sighup_applies_added_removed_and_changed_targets_and_keeps_the_unchanged_one(
     {
         return;
     }
+    let _machine = machine::shared();
     let mut keep = LoopFs::new("xfs", 320);
     let (gone, changed, added) = (
         tempfile::tempdir().unwrap(),

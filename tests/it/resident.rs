@@ -24,6 +24,7 @@ use crate::support::agent::{Agent, AGENT_BIN};
 use crate::support::cmd::run;
 use crate::support::http::{client_config, request};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::root::require_root;
 
@@ -184,6 +185,8 @@ fn locked_agent_answers_while_its_binary_disk_crawls() {
     if !require_root("locked_agent_answers_while_its_binary_disk_crawls") {
         return;
     }
+    // drop_caches empties every process's page cache, and the answers are timed.
+    let _machine = machine::exclusive();
     // Declaration order is drop order reversed: throttle removed first, then the agents
     // killed and reaped, then the filesystems torn down.
     let mut bin_fs = LoopFs::new("ext4", 128);

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::cmd::{repo, tool};
 use crate::support::loopfs::LoopFs;
+use crate::support::machine;
 use crate::support::metrics::Metrics;
 use crate::support::root::require_root;
 use crate::support::wait::wait_until;
@@ -394,6 +395,8 @@ fn debian_package_under_real_systemd() {
     if !require_root("debian_package_under_real_systemd") {
         return;
     }
+    // A release build and a booted systemd take both cores for minutes.
+    let _machine = machine::exclusive();
     for (t, install) in [
         ("unshare", "apt-get install util-linux"),
         ("nsenter", "apt-get install util-linux"),

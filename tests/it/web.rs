@@ -20,6 +20,7 @@ use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
 
 use crate::support::agent::{Agent, AGENT_BIN};
 use crate::support::http::{client_config, fresh_client, request, RawResponse};
+use crate::support::machine;
 use crate::support::wait::wait_until;
 
 // ---------------------------------------------------------------------------------------
@@ -622,6 +623,7 @@ fn a_header_too_large_gets_431() {
 
 #[test]
 fn requests_beyond_max_requests_get_503_at_once() {
+    let _machine = machine::shared();
     let s = Setup::new();
     // A costly hash keeps each wrong-password request in flight for a while (bcrypt
     // runs one at a time), so that 8 at once exceed a limit of 2.
@@ -686,6 +688,7 @@ fn rate_limit_answers_429() {
 
 #[test]
 fn idle_and_half_sent_connections_do_not_delay_a_scrape() {
+    let _machine = machine::shared();
     let s = Setup::new();
     let agent = s.start(None, &[]);
     let addr = agent.addr().to_string();
@@ -734,6 +737,7 @@ fn idle_and_half_sent_connections_do_not_delay_a_scrape() {
 
 #[test]
 fn sigterm_closes_the_listener_at_once() {
+    let _machine = machine::shared();
     let s = Setup::new();
     let mut agent = s.start(None, &[]);
     let addr = agent.addr().to_string();

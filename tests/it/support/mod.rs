@@ -20,6 +20,7 @@ pub mod agent;
 pub mod cmd;
 pub mod http;
 pub mod loopfs;
+pub mod machine;
 pub mod metrics;
 pub mod mounts;
 pub mod prom;
