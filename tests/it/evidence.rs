@@ -560,8 +560,8 @@ fn cgroup_tree(sys: &Path, n: usize) {
 
 /// The cost of one attribution pass on a host with 2,000 cgroups (BENCHMARKS.md): a
 /// fixture v2 tree in a temporary directory as sysfs, the real /proc for the processes.
-/// Prints the figures; run with `cargo test --release --test evidence -- --ignored
-/// --nocapture attribution_pass`.
+/// Prints the figures; run with `cargo test --release --test it -- --ignored
+/// --nocapture evidence::attribution_pass`.
 #[test]
 #[ignore]
 fn attribution_pass_cost_on_2000_cgroups() {

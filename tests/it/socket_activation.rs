@@ -3,7 +3,7 @@
 //! the test itself (two listeners at fds 3 and 4, set up in `pre_exec`). Every path is
 //! served on every passed socket, the web configuration (basic auth here) applies, and
 //! the refusals (nothing passed, passed to another process, not a listening socket) exit
-//! with status 2 and say why. The real systemd case is in tests/systemd.rs.
+//! with status 2 and say why. The real systemd case is in `systemd.rs`.
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd as _;
