@@ -17,12 +17,16 @@
 //! for paths they have not served yet, and /metrics again. Figures are printed; the locked
 //! agent must answer every request within a second, the unlocked one is shown, not judged.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{client_config, request, require_root, run, Agent, LoopFs, Metrics};
+use crate::support::agent::{Agent, AGENT_BIN};
+use crate::support::cmd::run;
+use crate::support::http::{client_config, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
 
 /// Reads from the binaries' device, bytes/s, while the agents are asked.
 const CRAWL_BPS: u64 = 8 * 1024;
@@ -119,12 +123,7 @@ fn copy_binary(dir: &Path, name: &str) -> PathBuf {
     let dest = dir.join(name);
     run(
         "strip",
-        &[
-            "--strip-debug",
-            "-o",
-            dest.to_str().unwrap(),
-            common::AGENT_BIN,
-        ],
+        &["--strip-debug", "-o", dest.to_str().unwrap(), AGENT_BIN],
     );
     // On disk before the page cache is dropped: written back now, not under the limit.
     run("sync", &["-f", dest.to_str().unwrap()]);
@@ -186,6 +185,8 @@ fn locked_agent_answers_while_its_binary_disk_crawls() {
     if !require_root("locked_agent_answers_while_its_binary_disk_crawls") {
         return;
     }
+    // drop_caches empties every process's page cache, and the answers are timed.
+    let _machine = machine::exclusive();
     // Declaration order is drop order reversed: throttle removed first, then the agents
     // killed and reaped, then the filesystems torn down.
     let mut bin_fs = LoopFs::new("ext4", 128);

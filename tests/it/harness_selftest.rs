@@ -1,6 +1,4 @@
-//! Self-tests of the shared harness in `tests/common/mod.rs`.
-
-mod common;
+//! Self-tests of the shared harness in `support/`.
 
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,10 +7,14 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{
-    any_mount_under, losetup_list, mounted_at, parse_listening, require_root, wait_until, Agent,
-    LoopFs, Metrics,
-};
+use crate::support::agent::{parse_listening, Agent, AGENT_BIN};
+use crate::support::cmd::run;
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::mounts::{mounted_at, mountinfo};
+use crate::support::root::{euid, require_root, SKIP_ROOT_ENV};
+use crate::support::wait::wait_until;
 
 // ---------------------------------------------------------------------------------------
 // Metrics: lookups over what nom-openmetrics parsed
@@ -199,6 +201,7 @@ fn listening_address_is_found_in_plain_logfmt_and_json_logs() {
 
 #[test]
 fn wait_until_is_bounded() {
+    let _machine = machine::shared();
     let t = Instant::now();
     assert!(!wait_until(
         Duration::from_millis(200),
@@ -231,14 +234,14 @@ fn agent_api_compiles() {
     let _start_with: fn(&str, &[&str]) -> Agent = Agent::start_with_args;
     let _get: fn(&Agent, &str) -> (u16, String, Duration) = Agent::get;
     let _scrape: fn(&Agent) -> Metrics = Agent::scrape;
-    assert!(common::AGENT_BIN.ends_with("stallwatch"));
+    assert!(AGENT_BIN.ends_with("stallwatch"));
 }
 
 #[test]
 fn require_root_as_root() {
-    if common::euid() == 0 {
+    if euid() == 0 {
         assert!(require_root("require_root_as_root"));
-    } else if std::env::var(common::SKIP_ROOT_ENV).as_deref() == Ok("1") {
+    } else if std::env::var(SKIP_ROOT_ENV).as_deref() == Ok("1") {
         assert!(!require_root("require_root_as_root"));
     } else {
         let r = catch_unwind(|| require_root("require_root_as_root"));
@@ -252,6 +255,16 @@ fn require_root_as_root() {
 // ---------------------------------------------------------------------------------------
 // LoopFs (root)
 // ---------------------------------------------------------------------------------------
+
+/// Output of `losetup -a` (one line per attached loop device, naming its backing file).
+fn losetup_list() -> String {
+    run("losetup", &["-a"])
+}
+
+/// True when anything is mounted at `path` or below it.
+fn any_mount_under(path: &Path) -> bool {
+    mountinfo().iter().any(|m| m.mount_point.starts_with(path))
+}
 
 /// What identifies a guard after it is gone.
 struct Traces {
@@ -321,6 +334,7 @@ fn loopfs_xfs_lifecycle() {
     if !require_root("loopfs_xfs_lifecycle") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let traces = Traces::of(&fs);
     assert!(fs.dev().starts_with("/dev/loop"));
@@ -417,6 +431,7 @@ fn loopfs_fill_and_free() {
     if !require_root("loopfs_fill_and_free") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 16);
     let traces = Traces::of(&fs);
     fs.fill();
@@ -435,6 +450,7 @@ fn loopfs_ext4_create_drop() {
     if !require_root("loopfs_ext4_create_drop") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("ext4", 64);
     let traces = Traces::of(&fs);
     assert_mounted_ours(&fs);
@@ -448,6 +464,7 @@ fn loopfs_btrfs_create_drop() {
     if !require_root("loopfs_btrfs_create_drop") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("btrfs", 256);
     let traces = Traces::of(&fs);
     assert_mounted_ours(&fs);
@@ -461,6 +478,7 @@ fn loopfs_cleans_up_after_a_panic_while_frozen_and_throttled() {
     if !require_root("loopfs_cleans_up_after_a_panic_while_frozen_and_throttled") {
         return;
     }
+    let _machine = machine::shared();
     let mut traces = None;
     let r = catch_unwind(AssertUnwindSafe(|| {
         let mut fs = LoopFs::new("ext4", 64);
@@ -485,6 +503,7 @@ fn loopfs_on_tmpfs_backing_gives_eio_on_writeback() {
     if !require_root("loopfs_on_tmpfs_backing_gives_eio_on_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::on_tmpfs_backing("ext4", 40, 24);
     let traces = Traces::of(&fs);
     let backing = fs.image().parent().unwrap().to_path_buf();
@@ -509,6 +528,7 @@ fn loopfs_drop_with_a_busy_mount_falls_back_to_lazy_umount() {
     if !require_root("loopfs_drop_with_a_busy_mount_falls_back_to_lazy_umount") {
         return;
     }
+    let _machine = machine::shared();
     // Declared before the guard, so it is still open when the guard drops: EBUSY.
     let held;
     let fs = LoopFs::new("ext4", 64);

@@ -9,17 +9,21 @@
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
 //! there. Screenshots go to `target/page-screenshots/`.
 
-mod common;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{require_root, wait_until, Agent, LoopFs};
 use serde_json::{json, Value};
 use tempfile::TempDir;
+
+use crate::support::agent::Agent;
+use crate::support::http::{fresh_client, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 /// Flags Chromium needs as root in a container on a closed network: without the
 /// background-networking ones it tries (and is refused) to reach Google's services.
@@ -339,6 +343,7 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
     if !require_root("the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let mut b = LoopFs::new("ext4", 64);
     let agent = Agent::start(&yaml(&a, &b));
@@ -550,6 +555,7 @@ fn the_live_page_works_over_tls_with_basic_auth() {
     if !require_root("the_live_page_works_over_tls_with_basic_auth") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let dir = tempfile::tempdir().unwrap();
     let web = tls_web_config(dir.path());
@@ -588,6 +594,7 @@ fn without_javascript_the_page_shows_its_tables() {
     if !require_root("without_javascript_the_page_shows_its_tables") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let yaml = format!(
         "vm_interval: 1s\ndefaults:\n  interval: 1s\ntargets:\n  - path: {}\n    name: data\n",
@@ -631,9 +638,9 @@ fn without_javascript_the_page_shows_its_tables() {
     );
     assert!(total <= 200_000, "page weight {total} bytes");
     // GET only; assets revalidate by ETag; a malformed query is refused.
-    let client = common::fresh_client();
+    let client = fresh_client();
     for path in ["/", "/api/history", "/assets/page.js"] {
-        let r = common::request(&client, "POST", &agent.url(path), &[]).unwrap();
+        let r = request(&client, "POST", &agent.url(path), &[]).unwrap();
         assert_eq!(r.status, 405, "POST {path}");
     }
     let js = agent.get_raw("/assets/page.js", &[]).unwrap();

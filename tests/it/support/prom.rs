@@ -1,7 +1,7 @@
 //! A real Prometheus for tests: Debian's `prometheus` binary on 127.0.0.1 (a port the test
 //! picked), scraping the given targets with the given rule files, stopped by its pid on
 //! drop; instant queries over its HTTP API; and the PromQL expressions of a Grafana
-//! dashboard. The same approach as tests/deploy.rs, shared for the fleet test.
+//! dashboard. Used by the deploy and the fleet tests.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -85,10 +85,6 @@ impl Prometheus {
             log,
             http,
         }
-    }
-
-    pub fn addr(&self) -> &str {
-        &self.addr
     }
 
     /// Its log so far.
@@ -181,12 +177,14 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        use nix::sys::signal::{kill, Signal};
+        use rustix::process::{kill_process, Pid, Signal};
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGTERM);
+        // Unreaped, so the pid is still our child's.
+        if let Some(pid) = Pid::from_raw(self.child.id() as i32) {
+            let _ = kill_process(pid, Signal::TERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {

@@ -4,8 +4,8 @@
 //! (HELP, TYPE, samples, in exposition order), as node_exporter's `end-to-end-test.sh`
 //! does.
 //!
-//! `UPDATE_GOLDEN=1 cargo test --test golden` rewrites the expected file from this run.
-//! Self-contained (no `tests/common`): a fixture tree, a process, one HTTP client.
+//! `UPDATE_GOLDEN=1 cargo test --test it golden::` rewrites the expected file from this run.
+//! Self-contained (nothing from `support`): a fixture tree, a process, one HTTP client.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -269,7 +269,7 @@ fn compare(expected: &str, actual: &str) -> Result<(), String> {
         .filter_map(|c| family(c.value()))
         .collect();
     Err(format!(
-        "families differ from {}: {}\n(UPDATE_GOLDEN=1 cargo test --test golden rewrites it)\n{}",
+        "families differ from {}: {}\n(UPDATE_GOLDEN=1 cargo test --test it golden:: rewrites it)\n{}",
         expected_path().display(),
         differing.into_iter().collect::<Vec<_>>().join(", "),
         diff.unified_diff().header("expected", "actual")
@@ -280,7 +280,7 @@ fn expected() -> String {
     let path = expected_path();
     std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (UPDATE_GOLDEN=1 cargo test --test golden writes it)",
+            "{}: {e} (UPDATE_GOLDEN=1 cargo test --test it golden:: writes it)",
             path.display()
         )
     })

@@ -3,13 +3,18 @@
 //! threads), its histograms and its stall log; an invalid file is refused and the running
 //! configuration kept.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{fresh_client, request, require_root, wait_until, Agent, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::http::{fresh_client, request};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(50);
@@ -72,6 +77,7 @@ fn sighup_applies_added_removed_and_changed_targets_and_keeps_the_unchanged_one(
     {
         return;
     }
+    let _machine = machine::shared();
     let mut keep = LoopFs::new("xfs", 320);
     let (gone, changed, added) = (
         tempfile::tempdir().unwrap(),

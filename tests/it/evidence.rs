@@ -21,14 +21,18 @@
 //! the probe's fsync waits for must first write the writer's dirty data, in the root's
 //! share of the throttle (the fsync-behind-a-writer case of the mailing lists).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const THROTTLE_BPS: u64 = 2 << 20;
 const MEMCG: &str = "/sys/fs/cgroup/memory";
@@ -251,6 +255,9 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
     if !require_root(test) {
         return;
     }
+    // The agent ranks every cgroup and process that dirties or writes on the machine:
+    // another test's writer would be among them.
+    let _machine = machine::exclusive();
     assert!(
         Path::new(MEMCG).join("memory.stat").is_file()
             && Path::new(BLKIO).join("blkio.throttle.io_service_bytes").is_file(),
@@ -507,13 +514,7 @@ fn a_dirtier_in_its_own_cgroup_is_named_and_the_slow_device_is_busy_at_its_throt
 /// CPU time of `f` on this thread.
 fn thread_cpu<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let now = || {
-        let mut ts = nix::libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a plain syscall writing into a timespec we own.
-        let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        assert_eq!(rc, 0);
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     };
     let t0 = now();
@@ -559,11 +560,13 @@ fn cgroup_tree(sys: &Path, n: usize) {
 
 /// The cost of one attribution pass on a host with 2,000 cgroups (BENCHMARKS.md): a
 /// fixture v2 tree in a temporary directory as sysfs, the real /proc for the processes.
-/// Prints the figures; run with `cargo test --release --test evidence -- --ignored
-/// --nocapture attribution_pass`.
+/// Prints the figures; run with `cargo test --release --test it -- --ignored
+/// --nocapture evidence::attribution_pass`.
 #[test]
 #[ignore]
 fn attribution_pass_cost_on_2000_cgroups() {
+    // A measurement: nothing else may compete for the CPU.
+    let _machine = machine::exclusive();
     use stallwatch::kernel::cgroups::{self, DevNum, Hierarchies};
     // On a tmpfs where there is one: cgroupfs lives in memory, and a disk filesystem's
     // directory blocks would be measured instead (ext4's htree readdir).

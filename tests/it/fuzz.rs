@@ -2,7 +2,8 @@
 //! and the /proc and /sys parsers. Each must return an error for bad input, never panic.
 //!
 //! A short pass runs with the ordinary test command (a fixed number of cases per parser,
-//! a few seconds in all); `PROPTEST_CASES=100000 cargo test --test fuzz` runs a long one.
+//! a few seconds in all); `PROPTEST_CASES=100000 cargo test --test it fuzz::` runs a
+//! long one.
 
 use std::path::Path;
 

@@ -17,13 +17,16 @@
 //! /var/cache/stallwatch-tests/, or STALLWATCH_SYSTEMD_ROOT_CACHE), cargo-deb, util-linux
 //! (unshare, nsenter), iproute2.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{repo, require_root, tool, wait_until, LoopFs, Metrics};
+use crate::support::cmd::{repo, tool};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const CACHE_DEFAULT: &str = "/var/cache/stallwatch-tests/bookworm-systemd";
 const CACHE_ENV: &str = "STALLWATCH_SYSTEMD_ROOT_CACHE";
@@ -392,6 +395,8 @@ fn debian_package_under_real_systemd() {
     if !require_root("debian_package_under_real_systemd") {
         return;
     }
+    // A release build and a booted systemd take both cores for minutes.
+    let _machine = machine::exclusive();
     for (t, install) in [
         ("unshare", "apt-get install util-linux"),
         ("nsenter", "apt-get install util-linux"),

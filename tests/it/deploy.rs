@@ -8,8 +8,6 @@
 //! A missing tool fails the test with the install command: these checks must not silently
 //! turn into no checks.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -18,9 +16,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::prom::{dashboard_exprs, Prometheus};
-use common::{fresh_client, repo, request, tool, which};
+use crate::support::prom::{dashboard_exprs, Prometheus};
 use serde_json::Value;
+
+use crate::support::cmd::{repo, tool, which};
+use crate::support::http::{fresh_client, request};
+use crate::support::machine;
 
 // ---------------------------------------------------------------------------------------
 // helpers
@@ -684,6 +685,8 @@ fn dashboard_structure() {
 
 #[test]
 fn debian_package_builds_and_passes_lintian() {
+    // A release build takes both cores for minutes.
+    let _machine = machine::exclusive();
     tool("cargo-deb", "cargo install cargo-deb --locked");
     tool("lintian", "apt-get install lintian");
     let out = run(Command::new("bash")
@@ -706,19 +709,19 @@ struct Proc {
 }
 
 impl Proc {
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    fn pid(&self) -> rustix::process::Pid {
+        rustix::process::Pid::from_child(&self.child)
     }
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        use nix::sys::signal::{kill, Signal};
+        use rustix::process::{kill_process, Signal};
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
         // SIGTERM first: the agent removes its probe files, Prometheus closes its TSDB.
-        let _ = kill(self.pid(), Signal::SIGTERM);
+        let _ = kill_process(self.pid(), Signal::TERM);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {

@@ -6,8 +6,6 @@
 //! that the agent's event, counter and live gauge name that cause. The agent's mapping
 //! (`src/causes.rs`) is not used here.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -16,8 +14,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::cmd::run_cmd;
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::mounts::mounted_at;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
+use crate::support::writer::{random_writer, Kick};
 
 /// The agent names each lane thread `p<target index>-<mode>` (supervisor.rs).
 fn lane_tid(agent: &Agent, mode: &str) -> u32 {
@@ -217,6 +224,7 @@ fn a_frozen_filesystem_is_diagnosed_frozen() {
     if !require_root("a_frozen_filesystem_is_diagnosed_frozen") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(fs.path(), "create"));
     assert!(agent.wait_up("t"));
@@ -350,6 +358,7 @@ fn a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback() {
     if !require_root("a_throttled_device_under_a_random_writer_is_dirty_throttling_or_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let agent = Agent::start(&config(fs.path(), "overwrite"));
     assert!(agent.wait_up("t"));
@@ -377,6 +386,7 @@ fn an_ext4_fsync_behind_a_streaming_writer_waits_for_the_journal_or_writeback() 
     if !require_root("an_ext4_fsync_behind_a_streaming_writer_waits_for_the_journal_or_writeback") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("ext4", 256);
     let agent = Agent::start(&config(fs.path(), "overwrite"));
     assert!(agent.wait_up("t"));
@@ -664,7 +674,7 @@ struct FuseMount {
 impl FuseMount {
     fn new() -> FuseMount {
         if !Path::new("/dev/fuse").exists() {
-            let _ = common::run_cmd("modprobe", &["fuse"]);
+            let _ = run_cmd("modprobe", &["fuse"]);
         }
         assert!(
             Path::new("/dev/fuse").exists(),
@@ -690,8 +700,8 @@ impl FuseMount {
             nodes: Mutex::new(nodes),
             next: AtomicU64::new(2),
             hang: Arc::clone(&hang),
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
         };
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -702,7 +712,7 @@ impl FuseMount {
         let session = fuser::spawn_mount(fs, &mnt, &config).expect("FUSE mount");
         assert!(
             wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
-                common::mounted_at(&mnt).is_some()
+                mounted_at(&mnt).is_some()
             }),
             "FUSE filesystem not mounted at {}",
             mnt.display()
@@ -722,7 +732,7 @@ impl Drop for FuseMount {
         std::thread::sleep(Duration::from_millis(100));
         if let Some(s) = self.session.take() {
             if s.umount_and_join().is_err() {
-                let _ = common::run_cmd("umount", &["-l", self.mnt.to_str().unwrap()]);
+                let _ = run_cmd("umount", &["-l", self.mnt.to_str().unwrap()]);
             }
         }
     }
@@ -733,6 +743,7 @@ fn a_fuse_server_that_stops_answering_is_diagnosed_remote() {
     if !require_root("a_fuse_server_that_stops_answering_is_diagnosed_remote") {
         return;
     }
+    let _machine = machine::shared();
     let fuse = FuseMount::new();
     let agent = Agent::start(&config(&fuse.mnt, "create"));
     assert!(agent.wait_up("t"), "{}", agent.log_tail(20));

@@ -6,12 +6,9 @@
 //! keeps being probed without an error: a fault on one target never touches another.
 //! All tests need root (loop devices, mount, fsfreeze, xfs_io, strace).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::net::TcpStream;
-use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -19,7 +16,13 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{require_root, run, run_cmd, wait_until, Agent, LoopFs, Metrics};
+use crate::support::agent::Agent;
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 /// How long any expected change may take to show (several cycles of 300 ms).
 const WAIT: Duration = Duration::from_secs(15);
@@ -198,6 +201,7 @@ fn full_filesystem_is_enospc_and_clears_when_space_is_freed() {
     if !require_root("full_filesystem_is_enospc_and_clears_when_space_is_freed") {
         return;
     }
+    let _machine = machine::shared();
     let mut full = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(&[
@@ -240,6 +244,7 @@ fn read_only_remount_is_erofs_and_clears_when_writable_again() {
     if !require_root("read_only_remount_is_erofs_and_clears_when_writable_again") {
         return;
     }
+    let _machine = machine::shared();
     let mut ro = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(&[
@@ -282,6 +287,7 @@ fn xfs_shutdown_is_eio_until_unmounted_and_mounted_again() {
     if !require_root("xfs_shutdown_is_eio_until_unmounted_and_mounted_again") {
         return;
     }
+    let _machine = machine::shared();
     let mut xfs = LoopFs::new("xfs", 320);
     let healthy = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(&[
@@ -341,6 +347,7 @@ fn probe_directory_removed_is_recreated_and_counted_when_it_breaks_a_cycle() {
     if !require_root("probe_directory_removed_is_recreated_and_counted_when_it_breaks_a_cycle") {
         return;
     }
+    let _machine = machine::shared();
     let mut gone = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     // One lane, so "during a cycle" is one lane's cycle: replace holds the directory's
@@ -435,10 +442,10 @@ fn extents(file: &Path) -> Vec<(u64, u64)> {
 
 /// True when `offset` of `file` is a hole (nothing allocated there).
 fn is_hole(file: &Path, offset: u64) -> bool {
-    use nix::unistd::{lseek, Whence};
+    use rustix::fs::{seek, SeekFrom};
     let f = std::fs::File::open(file).unwrap();
-    match lseek(f.as_fd(), offset as i64, Whence::SeekHole) {
-        Ok(h) => h as u64 == offset,
+    match seek(&f, SeekFrom::Hole(offset)) {
+        Ok(h) => h == offset,
         Err(e) => panic!("SEEK_HOLE on {}: {e}", file.display()),
     }
 }
@@ -553,6 +560,7 @@ fn writeback_error_surfaces_at_fsync_and_is_never_retried() {
     if !require_root("writeback_error_surfaces_at_fsync_and_is_never_retried") {
         return;
     }
+    let _machine = machine::shared();
     // xfs: 4 KiB blocks, so the file's blocks are whole pages of the tmpfs image.
     let wb = LoopFs::on_tmpfs_backing("xfs", 320, 96);
     let healthy = LoopFs::new("ext4", 64);
@@ -727,8 +735,8 @@ fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, SystemTime)> {
 /// Swaps two paths atomically (renameat2 RENAME_EXCHANGE), so a running agent never
 /// sees neither.
 fn exchange(a: &Path, b: &Path) {
-    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
-    renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE)
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
         .unwrap_or_else(|e| panic!("exchange {} and {}: {e}", a.display(), b.display()));
 }
 
@@ -765,6 +773,7 @@ fn hostile_probe_directories_are_refused_and_never_written_through() {
     if !require_root("hostile_probe_directories_are_refused_and_never_written_through") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let agent = Agent::start(&config(&[
@@ -874,6 +883,7 @@ fn symlinked_target_path_is_refused_with_a_clear_message() {
     if !require_root("symlinked_target_path_is_refused_with_a_clear_message") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let link = fs.root().join("link");
@@ -902,6 +912,7 @@ fn leftovers_of_a_killed_run_are_removed_and_foreign_files_kept() {
     if !require_root("leftovers_of_a_killed_run_are_removed_and_foreign_files_kept") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let pd = probe_dir(&fs);
@@ -1001,6 +1012,7 @@ fn sigterm_with_a_probe_blocked_by_a_freeze() {
     if !require_root("sigterm_with_a_probe_blocked_by_a_freeze") {
         return;
     }
+    let _machine = machine::shared();
     let mut frozen = LoopFs::new("ext4", 64);
     let healthy = LoopFs::new("ext4", 64);
     let mut agent = Agent::start(&config(&[
@@ -1066,6 +1078,7 @@ fn sigterm_and_sigint_without_a_blocked_probe_exit_at_once_and_clean_up() {
     if !require_root("sigterm_and_sigint_without_a_blocked_probe_exit_at_once_and_clean_up") {
         return;
     }
+    let _machine = machine::shared();
     let a = LoopFs::new("ext4", 64);
     let b = LoopFs::new("ext4", 64);
     for sig in ["TERM", "INT"] {

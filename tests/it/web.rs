@@ -3,8 +3,6 @@
 //! header size, idle and half-sent connections) and the listener closing on SIGTERM.
 //! Certificates are made here with rcgen; all traffic stays on 127.0.0.1.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -13,13 +11,17 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{Agent, RawResponse};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
 use tempfile::TempDir;
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+
+use crate::support::agent::{Agent, AGENT_BIN};
+use crate::support::http::{client_config, fresh_client, request, RawResponse};
+use crate::support::machine;
+use crate::support::wait::wait_until;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -196,7 +198,7 @@ fn http(
     headers: &[(&str, &str)],
 ) -> Result<RawResponse, String> {
     let url = format!("http://{addr}{path}");
-    common::request(&common::fresh_client(), method, &url, headers)
+    request(&fresh_client(), method, &url, headers)
 }
 
 /// A TLS client trusting `root`, presenting `client` if given. Every request opens a
@@ -211,7 +213,7 @@ fn tls_client(root: &Identity, client: Option<&Identity>) -> ureq::Agent {
         .root_certs(RootCerts::new_with_certs(&[pem(&root.cert_pem)]))
         .client_cert(client_cert)
         .build();
-    common::client_config()
+    client_config()
         .max_idle_connections(0)
         .tls_config(tls)
         .build()
@@ -227,7 +229,7 @@ fn https(
     headers: &[(&str, &str)],
 ) -> Result<RawResponse, String> {
     let port = addr.rsplit(':').next().unwrap();
-    common::request(
+    request(
         client,
         "GET",
         &format!("https://localhost:{port}{path}"),
@@ -243,7 +245,7 @@ fn basic(user: &str, pass: &str) -> String {
 /// Runs the agent expecting it to refuse its web config: (exit code, stderr).
 fn refused(setup: &Setup, web_config: &Path) -> (Option<i32>, String) {
     let cfg = setup.write("config.yaml", &setup.config_yaml());
-    let mut child = Command::new(common::AGENT_BIN)
+    let mut child = Command::new(AGENT_BIN)
         .arg("--config")
         .arg(&cfg)
         .args(["--web.listen-address", "127.0.0.1:0", "--web.config.file"])
@@ -427,7 +429,7 @@ fn a_replaced_certificate_is_served_without_a_restart() {
     );
     assert!(agent.wait_log("keeping the previous one", Duration::from_secs(2)));
     s.write("server.key", &new_server.key_pem);
-    let rotated = common::wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+    let rotated = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
         https(&addr, &trust_new, "/healthz", &[]).is_ok_and(|r| r.status == 200)
     });
     assert!(rotated, "the new certificate was not picked up");
@@ -621,6 +623,7 @@ fn a_header_too_large_gets_431() {
 
 #[test]
 fn requests_beyond_max_requests_get_503_at_once() {
+    let _machine = machine::shared();
     let s = Setup::new();
     // A costly hash keeps each wrong-password request in flight for a while (bcrypt
     // runs one at a time), so that 8 at once exceed a limit of 2.
@@ -685,6 +688,7 @@ fn rate_limit_answers_429() {
 
 #[test]
 fn idle_and_half_sent_connections_do_not_delay_a_scrape() {
+    let _machine = machine::shared();
     let s = Setup::new();
     let agent = s.start(None, &[]);
     let addr = agent.addr().to_string();
@@ -733,6 +737,7 @@ fn idle_and_half_sent_connections_do_not_delay_a_scrape() {
 
 #[test]
 fn sigterm_closes_the_listener_at_once() {
+    let _machine = machine::shared();
     let s = Setup::new();
     let mut agent = s.start(None, &[]);
     let addr = agent.addr().to_string();
@@ -746,7 +751,7 @@ fn sigterm_closes_the_listener_at_once() {
 
     let start = Instant::now();
     assert!(agent.signal("TERM"));
-    let refused = common::wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
+    let refused = wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
         TcpStream::connect(&addr).is_err()
     });
     assert!(

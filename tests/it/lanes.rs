@@ -2,16 +2,21 @@
 //! not stop the same target's create probe; a freeze blocks every lane and each stall
 //! names the others; the append probe rotates its log; no thread pile-up.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs, Metrics};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
+use crate::support::writer::{random_writer, Kick};
 
 fn stalls(agent: &Agent) -> Vec<Value> {
     let (status, body, _) = agent.get("/api/stalls");
@@ -43,6 +48,7 @@ fn a_blocked_fsync_does_not_stop_the_create_lane_of_its_target() {
     if !require_root("a_blocked_fsync_does_not_stop_the_create_lane_of_its_target") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "vm_interval: 200ms\nstall_threshold: 1s\ntargets:\n  - path: {}\n    name: slow\n    interval: 500ms\n    modes: [create, overwrite]\n",
@@ -155,6 +161,7 @@ fn a_freeze_blocks_every_lane_and_each_stall_names_the_others() {
     if !require_root("a_freeze_blocks_every_lane_and_each_stall_names_the_others") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let modes = ["create", "overwrite", "append"];
     let yaml = format!(
@@ -240,6 +247,7 @@ fn append_rotates_its_log_at_the_cap_and_leaves_nothing_behind() {
     if !require_root("append_rotates_its_log_at_the_cap_and_leaves_nothing_behind") {
         return;
     }
+    let _machine = machine::shared();
     let xfs = LoopFs::new("xfs", 320);
     let ext4 = LoopFs::new("ext4", 128);
     let fss = [("x", &xfs), ("e", &ext4)];

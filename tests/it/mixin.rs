@@ -6,14 +6,13 @@
 //!
 //! Needs: jsonnet, promtool. A missing tool fails the test with the install command.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{repo, tool};
 use serde_json::Value;
+
+use crate::support::cmd::{repo, tool};
 
 /// The files scripts/build-mixin writes, relative to the repository (or its output dir).
 const GENERATED: &[&str] = &[

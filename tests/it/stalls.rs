@@ -1,14 +1,18 @@
 //! Stall events for real: an fsync stuck behind throttled writeback, and operations
 //! blocked by fsfreeze, seen in `/api/stalls` while they last and counted once.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{random_writer, require_root, wait_until, Agent, Kick, LoopFs};
 use serde_json::Value;
+
+use crate::support::agent::Agent;
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
+use crate::support::writer::{random_writer, Kick};
 
 fn stalls(agent: &Agent) -> Vec<Value> {
     let (status, body, _) = agent.get("/api/stalls");
@@ -62,6 +66,7 @@ fn fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing() {
     if !require_root("fsync_behind_throttled_writeback_is_a_stall_seen_while_ongoing") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "vm_interval: 100ms\nstall_threshold: 500ms\ntargets:\n  - path: {}\n    name: slow\n    interval: 1s\n    modes: [overwrite]\n",
@@ -176,6 +181,7 @@ fn freeze_gives_one_event_per_blocked_op() {
     if !require_root("freeze_gives_one_event_per_blocked_op") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "stall_threshold: 1s\ntargets:\n  - path: {}\n    name: frozen\n    interval: 200ms\n    modes: [create]\n",
@@ -239,6 +245,7 @@ fn stall_log_is_bounded_and_newest_first() {
     if !require_root("stall_log_is_bounded_and_newest_first") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "stall_threshold: 200ms\nstall_log_size: 3\ntargets:\n  - path: {}\n    name: ring\n    interval: 100ms\n    modes: [create]\n",

@@ -1,13 +1,17 @@
 //! The real binary driven from outside: scraped over HTTP while it probes a temporary
 //! directory, and (as root) while a target's XFS is frozen or unmounted under it.
 
-mod common;
-
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_root, wait_until, Agent, LoopFs, Metrics};
+use crate::support::agent::Agent;
+use crate::support::cmd::run;
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::metrics::Metrics;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 fn tmp_target_yaml(dir: &std::path::Path, interval: &str) -> String {
     format!(
@@ -25,6 +29,7 @@ fn mode_of(op: &str) -> &'static str {
 
 #[test]
 fn histogram_counts_grow_by_the_cycles_that_ran() {
+    let _machine = machine::shared();
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start(&tmp_target_yaml(dir.path(), "200ms"));
     assert!(wait_until(
@@ -264,6 +269,7 @@ fn frozen_target_blocks_only_itself() {
     if !require_root("frozen_target_blocks_only_itself") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let other = tempfile::tempdir().unwrap();
     let yaml = format!(
@@ -399,6 +405,7 @@ fn unmounted_target_is_not_probed() {
     if !require_root("unmounted_target_is_not_probed") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let yaml = format!(
         "targets:\n  - path: {}\n    name: gone\n    interval: 200ms\n",
@@ -475,8 +482,9 @@ fn btrfs_subvolume_mounts_pass_the_mount_check() {
     if !require_root("btrfs_subvolume_mounts_pass_the_mount_check") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("btrfs", 256);
-    common::run(
+    run(
         "btrfs",
         &[
             "-q",
@@ -489,7 +497,7 @@ fn btrfs_subvolume_mounts_pass_the_mount_check() {
     let other = tempfile::tempdir().unwrap();
     let mnt = other.path().join("subvol");
     std::fs::create_dir(&mnt).unwrap();
-    common::run(
+    run(
         "mount",
         &["-o", "subvol=sub", fs.dev(), mnt.to_str().unwrap()],
     );

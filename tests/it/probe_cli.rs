@@ -2,8 +2,6 @@
 //! tmpfs and ramfs for direct I/O), its text and JSON output, its exit codes, the live
 //! notice while a call is blocked by an fsfreeze, and Ctrl-C.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -13,8 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::LoopFs;
 use serde_json::Value;
+
+use crate::support::cmd::{run, run_cmd};
+use crate::support::loopfs::LoopFs;
+use crate::support::machine;
+use crate::support::mounts::mounted_at;
+use crate::support::root::require_root;
+use crate::support::wait::wait_until;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stallwatch");
 
@@ -112,7 +116,7 @@ impl Probe {
     ) -> Option<(Instant, String)> {
         let lines = if stderr { &self.err } else { &self.out };
         let mut found = None;
-        common::wait_until(timeout, Duration::from_millis(20), || {
+        wait_until(timeout, Duration::from_millis(20), || {
             found = lines.lock().unwrap().iter().find(|(_, l)| pred(l)).cloned();
             found.is_some()
         });
@@ -133,15 +137,15 @@ impl Probe {
     }
 
     fn sigint(&self) {
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("kill -INT");
+        let pid = rustix::process::Pid::from_raw(self.pid as i32).expect("a child's pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("kill -INT");
     }
 
     /// Waits up to `timeout` for the exit; panics (with the output so far) when it
     /// does not come.
     fn finish(mut self, timeout: Duration) -> Done {
         let mut status = None;
-        common::wait_until(timeout, Duration::from_millis(20), || {
+        wait_until(timeout, Duration::from_millis(20), || {
             status = self.try_status();
             status.is_some()
         });
@@ -344,12 +348,11 @@ fn s(p: &Path) -> &str {
 /// probe holds a file open for writing (a few milliseconds per cycle).
 fn remount_ro_while_probing(fs: &mut LoopFs) {
     let mnt = s(fs.path()).to_string();
-    let ours =
-        common::mounted_at(fs.path()).is_some_and(|m| m.mount_source.as_deref() == Some(fs.dev()));
+    let ours = mounted_at(fs.path()).is_some_and(|m| m.mount_source.as_deref() == Some(fs.dev()));
     assert!(ours, "{mnt} is not our loop filesystem");
     let mut last = String::new();
     for _ in 0..50 {
-        match common::run_cmd("mount", &["-o", "remount,ro", &mnt]) {
+        match run_cmd("mount", &["-o", "remount,ro", &mnt]) {
             Ok(_) => {
                 fs.remount_ro(); // already read-only: records the state for the guard
                 return;
@@ -381,7 +384,7 @@ impl MemFs {
         } else {
             "mode=0755"
         };
-        common::run("mount", &["-t", fstype, "-o", opts, fstype, s(&mnt)]);
+        run("mount", &["-t", fstype, "-o", opts, fstype, s(&mnt)]);
         MemFs {
             mnt,
             fstype,
@@ -395,7 +398,7 @@ impl MemFs {
         let r = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .custom_flags(nix::libc::O_DIRECT)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(&f);
         let _ = std::fs::remove_file(&f);
         r.map(drop)
@@ -404,10 +407,10 @@ impl MemFs {
 
 impl Drop for MemFs {
     fn drop(&mut self) {
-        if common::mounted_at(&self.mnt).is_some_and(|m| m.fs_type == self.fstype) {
-            if let Err(e) = common::run_cmd("umount", &[s(&self.mnt)]) {
+        if mounted_at(&self.mnt).is_some_and(|m| m.fs_type == self.fstype) {
+            if let Err(e) = run_cmd("umount", &[s(&self.mnt)]) {
                 eprintln!("MemFs drop: {e}; lazy unmount");
-                let _ = common::run_cmd("umount", &["-l", s(&self.mnt)]);
+                let _ = run_cmd("umount", &["-l", s(&self.mnt)]);
             }
         }
     }
@@ -457,9 +460,10 @@ fn bad_arguments_exit_2_and_write_nothing() {
 
 #[test]
 fn every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up() {
-    if !common::require_root("every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up") {
+    if !require_root("every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     for (mode, ops) in MODES {
@@ -537,9 +541,10 @@ fn every_mode_on_xfs_prints_cycles_and_summary_and_cleans_up() {
 
 #[test]
 fn json_has_exactly_summary_and_cycles_in_seconds() {
-    if !common::require_root("json_has_exactly_summary_and_cycles_in_seconds") {
+    if !require_root("json_has_exactly_summary_and_cycles_in_seconds") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     for (mode, ops) in MODES {
@@ -642,9 +647,10 @@ fn traced_pwrites(args: &[&str], trace: &Path) -> (Done, Vec<u64>, String) {
 
 #[test]
 fn size_reaches_the_system_calls_and_direct_writes_are_aligned() {
-    if !common::require_root("size_reaches_the_system_calls_and_direct_writes_are_aligned") {
+    if !require_root("size_reaches_the_system_calls_and_direct_writes_are_aligned") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path());
     let tmp = tempfile::tempdir().unwrap();
@@ -726,9 +732,10 @@ fn size_reaches_the_system_calls_and_direct_writes_are_aligned() {
 
 #[test]
 fn read_only_filesystem_fails_cycles_with_exit_1() {
-    if !common::require_root("read_only_filesystem_fails_cycles_with_exit_1") {
+    if !require_root("read_only_filesystem_fails_cycles_with_exit_1") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
 
@@ -789,9 +796,10 @@ fn parse_notice(line: &str) -> (u64, String, f64) {
 
 #[test]
 fn live_notice_while_a_freeze_blocks_a_write() {
-    if !common::require_root("live_notice_while_a_freeze_blocks_a_write") {
+    if !require_root("live_notice_while_a_freeze_blocks_a_write") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     let p = Probe::start(&[
@@ -862,9 +870,10 @@ fn live_notice_while_a_freeze_blocks_a_write() {
 
 #[test]
 fn live_notice_when_frozen_before_start_and_json_stays_clean() {
-    if !common::require_root("live_notice_when_frozen_before_start_and_json_stays_clean") {
+    if !require_root("live_notice_when_frozen_before_start_and_json_stays_clean") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     fs.freeze();
@@ -903,15 +912,16 @@ fn live_notice_when_frozen_before_start_and_json_stays_clean() {
 
 #[test]
 fn ctrl_c_prints_the_summary_so_far() {
-    if !common::require_root("ctrl_c_prints_the_summary_so_far") {
+    if !require_root("ctrl_c_prints_the_summary_so_far") {
         return;
     }
+    let _machine = machine::shared();
     let fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
 
     // Back to back, so Ctrl-C nearly always lands while a call is in flight.
     let p = Probe::start(&[&path, "--count", "100000", "--interval", "0"]);
-    assert!(common::wait_until(
+    assert!(wait_until(
         Duration::from_secs(10),
         Duration::from_millis(10),
         || p.count_lines(|l| l.starts_with("cycle ")) >= 5
@@ -958,9 +968,10 @@ fn ctrl_c_prints_the_summary_so_far() {
 
 #[test]
 fn ctrl_c_while_a_freeze_blocks_reports_at_once() {
-    if !common::require_root("ctrl_c_while_a_freeze_blocks_reports_at_once") {
+    if !require_root("ctrl_c_while_a_freeze_blocks_reports_at_once") {
         return;
     }
+    let _machine = machine::shared();
     let mut fs = LoopFs::new("xfs", 320);
     let path = s(fs.path()).to_string();
     let mut p = Probe::start(&[
@@ -1011,9 +1022,10 @@ fn ctrl_c_while_a_freeze_blocks_reports_at_once() {
 
 #[test]
 fn direct_mode_on_tmpfs_does_what_this_kernel_does() {
-    if !common::require_root("direct_mode_on_tmpfs_does_what_this_kernel_does") {
+    if !require_root("direct_mode_on_tmpfs_does_what_this_kernel_does") {
         return;
     }
+    let _machine = machine::shared();
     let fs = MemFs::new("tmpfs");
     let path = s(&fs.mnt);
     let r = probe(&[path, "--mode", "direct", "--count", "3", "--interval", "0"]);
@@ -1042,14 +1054,19 @@ fn direct_mode_on_tmpfs_does_what_this_kernel_does() {
 
 #[test]
 fn direct_mode_refused_on_ramfs_says_so_and_exits_1() {
-    if !common::require_root("direct_mode_refused_on_ramfs_says_so_and_exits_1") {
+    if !require_root("direct_mode_refused_on_ramfs_says_so_and_exits_1") {
         return;
     }
+    let _machine = machine::shared();
     let fs = MemFs::new("ramfs");
     let e = fs
         .accepts_o_direct()
         .expect_err("ramfs accepted O_DIRECT; this test needs a filesystem that refuses it");
-    assert_eq!(e.raw_os_error(), Some(nix::libc::EINVAL), "{e}");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(rustix::io::Errno::INVAL.raw_os_error()),
+        "{e}"
+    );
     let path = s(&fs.mnt);
 
     let r = probe(&[path, "--mode", "direct", "--count", "2", "--interval", "0"]);

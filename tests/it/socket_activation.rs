@@ -3,9 +3,7 @@
 //! the test itself (two listeners at fds 3 and 4, set up in `pre_exec`). Every path is
 //! served on every passed socket, the web configuration (basic auth here) applies, and
 //! the refusals (nothing passed, passed to another process, not a listening socket) exit
-//! with status 2 and say why. The real systemd case is in tests/systemd.rs.
-
-mod common;
+//! with status 2 and say why. The real systemd case is in `systemd.rs`.
 
 use std::net::TcpListener;
 use std::os::fd::AsRawFd as _;
@@ -13,7 +11,9 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 
 use base64::Engine as _;
-use common::{fresh_client, request, Agent, AGENT_BIN};
+
+use crate::support::agent::{Agent, AGENT_BIN};
+use crate::support::http::{client_config, fresh_client, request};
 
 const CONFIG: &str = "vm_interval: 1s\ntargets:\n  - path: /var/tmp\n    name: var_tmp\n    require_mountpoint: false\n    interval: 1s\n";
 
@@ -85,7 +85,7 @@ fn systemd_socket_activate_passes_the_socket_and_every_path_is_served() {
     let first = {
         let url = format!("http://{addr}/healthz");
         std::thread::spawn(move || {
-            let client: ureq::Agent = common::client_config()
+            let client: ureq::Agent = client_config()
                 .timeout_global(Some(std::time::Duration::from_secs(20)))
                 .max_idle_connections(0)
                 .build()
