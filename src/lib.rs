@@ -1,7 +1,7 @@
 //! stallwatch: synthetic storage probes, kernel writeback state and a stall log, served for Prometheus.
 //!
 //! The modules are layers, each importing only from those below it; ARCHITECTURE.md is
-//! the one list of them, their order and who owns what, and `tests/architecture.rs`
+//! the one list of them, their order and who owns what, and `tests/it/architecture.rs`
 //! holds the code to it.
 
 pub mod agent;

@@ -194,7 +194,7 @@ mod tests {
             "nr_dirty x\n",
             "nr_dirty\n",
             "nr_dirty -3\nnr_writeback 1\nnr_dirty_threshold 100\nnr_dirty_background_threshold 50\nnr_dirtied 1\nnr_written 1\n",
-            // Overflows u64 once in bytes (found by tests/fuzz.rs).
+            // Overflows u64 once in bytes (found by tests/it/fuzz.rs).
             "nr_dirty 9223372036854775807\nnr_writeback 1\nnr_dirty_threshold 100\nnr_dirty_background_threshold 50\nnr_dirtied 1\nnr_written 1\n",
         ] {
             assert!(parse_vmstat(bad, 4096).is_err(), "{bad:?} accepted");
@@ -222,7 +222,7 @@ mod tests {
             "some avg10=1.00 avg60=0.50 avg300=0.10 total=1\n",
             "some total=x\nfull total=y\n",
             "garbage\nmore garbage\n",
-            // procfs panicked on these (found by tests/fuzz.rs).
+            // procfs panicked on these (found by tests/it/fuzz.rs).
             "some\nfull\n",
             "some avg10=0.00 total=1\nfull\u{a1} avg10=0.00 total=2\n",
         ] {

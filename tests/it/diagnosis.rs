@@ -4,7 +4,7 @@
 //! itself, from outside the agent (`/proc/PID/task/TID/wchan`, and the stack as root),
 //! derives the cause it expects from what it read with its own small table, and checks
 //! that the agent's event, counter and live gauge name that cause. The agent's mapping
-//! (`src/causes.rs`) is not used here.
+//! (`src/stall/causes.rs`) is not used here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
