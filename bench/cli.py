@@ -67,7 +67,8 @@ def parser():
         help="the stallwatch binary (default: target/release/stallwatch)")
     opt("--only", default=None, help="sections to run, by name (or digit), comma-separated")
     opt("--quick", action="store_true", help="smoke run: short windows, few rounds")
-    opt("--json", type=Path, metavar="FILE", help="write every result of the run to FILE")
+    opt("--json", type=Path, metavar="FILE", help="write every result of the run to FILE (also on a failure, "
+        "with the sections done and complete: false)")
     opt("--render", type=Path, metavar="FILE", help="print the tables of a --json FILE; run nothing")
     opt("--format", choices=("md", "text"), default="md", help="of --render (default md)")
     opt("--strict", action="store_true", help="exit 1 when a goal is missed")
@@ -156,9 +157,9 @@ def print_text(tables):
 def markdown(run):
     out = [render.markdown([header(run)], heading="###")]
     for r in run.sections:
-        out.append(f"\n### {r.section} (commit {run.commit[:7]}, {r.started})\n")
+        out.append(f"\n### {r.section} (commit {run.commit[:7]}, {r.started})\n\n")
         out.append(render.markdown(section_tables(r)))
-    out.append(render.markdown([goals_table(run.goals())], heading="###"))
+    out.append("\n" + render.markdown([goals_table(run.goals())], heading="###"))
     return "".join(out)
 
 
@@ -217,6 +218,7 @@ def measure_all(args):
             result = run_section(ctx, section)
             run.sections.append(result)
             print_text(section_tables(result))
+        run.complete = True
     finally:
         run.wall_seconds = time.monotonic() - started
         if args.json and run.sections:

@@ -3,7 +3,8 @@
 Both are dataclasses and serialise to JSON (`Run.to_json`); `Run.from_json` reads one
 back, so every table can be rendered again from a saved run (`bench/run.py --render`).
 A section's `data` holds only JSON types (dicts with string keys, lists, numbers,
-strings, None); missing numbers are written as null.
+strings, None); missing numbers are written as null. A run that fails after some
+sections is written with what they measured and `complete: false`.
 """
 
 import json
@@ -45,6 +46,7 @@ class Run:
     command: str
     sections: list = field(default_factory=list)
     wall_seconds: float = 0.0
+    complete: bool = False
 
     def goals(self):
         return [g for s in self.sections for g in s.goals]

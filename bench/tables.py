@@ -56,7 +56,7 @@ def markdown(tables, heading="####"):
     for t in tables:
         out += ["", f"{heading} {t.title}", ""]
         if t.caption:
-            out += [t.caption[0].upper() + t.caption[1:] + ".", ""]
+            out += [t.caption + ".", ""]
         if t.intro:
             out += [f"- {ln}" for ln in t.intro] + [""]
         if t.head:
