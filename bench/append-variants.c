@@ -1,6 +1,7 @@
 /*
  * append-variants: the calls of one append request, varied one at a time, to find what
- * in stallwatch's append cycle changes the fdatasync latency (BENCHMARKS.md, runs 16-19).
+ * in stallwatch's append cycle changes the fdatasync latency (docs/benchmarks/
+ * 2026-12-02-runs-11-19.md, runs 16-19).
  *
  *   cc -O2 -o /tmp/append-variants bench/append-variants.c
  *   /tmp/append-variants DIR VARIANT COUNT
