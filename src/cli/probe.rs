@@ -425,7 +425,7 @@ pub fn run(args: ProbeArgs) -> ExitCode {
         // Woken by a 100 ms tick, not by each cycle's message: a thread woken as every
         // cycle ends takes a CPU just when the next cycle's calls need the kernel's
         // workers (the loop device's, the filesystem's log), and the probe times itself
-        // against its own reporting (BENCHMARKS.md, runs 14 and 15: back to back on a
+        // against its own reporting (docs/benchmarks/2026-12-02-runs-11-19.md, runs 14 and 15: back to back on a
         // 2-CPU VM, XFS, fdatasync p50 1.22 -> 1.09 times an in-process loop's).
         std::thread::sleep(Duration::from_millis(100));
         loop {
