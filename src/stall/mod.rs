@@ -5,6 +5,7 @@
 pub mod causes;
 pub mod event;
 pub mod evidence;
+pub mod id;
 pub mod inflight;
 pub mod log;
 pub mod verdict;
