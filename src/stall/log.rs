@@ -203,7 +203,7 @@ impl StallLog {
         set_verdict(ev);
         if last {
             let (phrases, idle) = evidence::phrases(&ev.evidence);
-            info!(target = %ev.target, mode = ev.mode, op = ev.op,
+            info!(id = %ev.id, target = %ev.target, mode = ev.mode, op = ev.op,
                 duration_seconds = ev.duration_seconds,
                 reads = ev.evidence.reads,
                 device_idle = idle.map_or("unknown", |i| if i { "yes" } else { "no" }),
@@ -277,7 +277,7 @@ impl StallLog {
         set_verdict(&mut ev);
         self.count(name, op.mode, op.op, ev.cause);
         let (md, device, inflight) = log_fields(&ev);
-        warn!(target = %name, mode = %op.mode, op = %op.op,
+        warn!(id = %ev.id, target = %name, mode = %op.mode, op = %op.op,
             blocked_seconds = op.age.as_secs_f64(),
             cause = %ev.cause,
             wchan = ev.symbol.as_deref().unwrap_or("none"),
@@ -331,7 +331,7 @@ impl StallLog {
         ev.error = failure.map(|f| f.to_string());
         set_verdict(ev);
         let (md, device, inflight) = log_fields(ev);
-        warn!(target = %ev.target, mode = ev.mode, op = ev.op,
+        warn!(id = %ev.id, target = %ev.target, mode = ev.mode, op = ev.op,
             duration_seconds = ev.duration_seconds,
             cause = %ev.cause,
             wchan = ev.symbol.as_deref().unwrap_or("none"),
