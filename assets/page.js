@@ -72,8 +72,9 @@
   function nowAgent() {
     return S.now + (performance.now() - S.fetchedAt) / 1000;
   }
+  // An event's id is its identity from the crossing to its end (docs/stall-events.md).
   function stallKey(e) {
-    return e.target + '|' + e.mode + '|' + e.op + '|' + e.started_at;
+    return e.id || (e.target + '|' + e.mode + '|' + e.op + '|' + e.started_at);
   }
   function unixOf(rfc) {
     return Date.parse(rfc) / 1000;
@@ -636,7 +637,7 @@
   }
 
   // ---- the stall dialog: the known fields first, then every other field as it is ----
-  var KNOWN = ['target', 'mode', 'op', 'started_at', 'duration_seconds', 'ongoing', 'error', 'cause', 'verdict'];
+  var KNOWN = ['id', 'target', 'mode', 'op', 'started_at', 'duration_seconds', 'ongoing', 'error', 'cause', 'verdict'];
   function fmtField(k, v) {
     if (v == null) return '–';
     if (typeof v === 'number') {

@@ -427,9 +427,10 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
     if !telemetry_path.starts_with('/')
         || RESERVED_PATHS.contains(&telemetry_path.as_str())
         || telemetry_path.starts_with("/assets/")
+        || telemetry_path.starts_with("/api/stalls/")
     {
         return Err(format!(
-            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/{}",
+            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/ or /api/stalls/{}",
             RESERVED_PATHS.join(", "),
             at_line(line_of(text, "telemetry_path", &telemetry_path, 0))
         ));
@@ -785,6 +786,10 @@ targets:
             (
                 "telemetry_path: /assets/page.js\ntargets:\n  - path: /a\n",
                 &["telemetry_path", "line 1"],
+            ),
+            (
+                "telemetry_path: /api/stalls/{id}\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "/api/stalls/", "line 1"],
             ),
             (
                 "stall_log_size: 0\ntargets:\n  - path: /a\n",

@@ -78,8 +78,8 @@ fn history_body(
     let from = from - from % step;
     let current = app.targets.current();
     // Events that were ongoing, started or ended in the window, unless the page has
-    // them already: the page merges them by (target, mode, op, started_at). Without
-    // a stalls_version, the serialized events serve while the log has not changed.
+    // them already: the page merges them by `id`. Without a stalls_version, the
+    // serialized events serve while the log has not changed.
     let mut cache = lock(&app.stalls_json);
     let known = stalls_version.or(cache.as_ref().map(|c| c.version));
     let (version, events) = app.stalls.events_if_changed(known);

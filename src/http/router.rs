@@ -1,9 +1,10 @@
 //! The router: which path goes to which handler (`fn app(state) -> Router`), and the
-//! small handlers (`/metrics`, `/healthz`, `/api/stalls`, `/-/reload`).
+//! small handlers (`/metrics`, `/healthz`, `/api/stalls`, `/api/stalls/{id}`,
+//! `/-/reload`).
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,6 +25,7 @@ pub fn app(state: Arc<App>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/", get(index))
         .route("/api/stalls", get(stalls))
+        .route("/api/stalls/{id}", get(stall))
         .route("/api/history", get(api_history))
         .route("/assets/{name}", get(asset))
         .route("/-/reload", post(reload).put(reload))
@@ -74,4 +76,142 @@ async fn reload(State(app): State<Arc<App>>) -> Response {
 
 async fn stalls(State(app): State<Arc<App>>) -> Response {
     Json(app.stalls.events()).into_response()
+}
+
+/// `GET /api/stalls/{id}`: one event as `/api/stalls` serves it, copied under the stall
+/// log's lock; 404 when the ring does not hold it.
+async fn stall(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    match app.stalls.event(&id) {
+        Some(ev) => Json(ev).into_response(),
+        None => (StatusCode::NOT_FOUND, "no stall event with this id\n").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use axum::body::{to_bytes, Body};
+    use axum::http::{Method, Request};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::base::labels::{Mode, Op};
+    use crate::exposition::registry::Registry;
+    use crate::history::History;
+    use crate::kernel::blockdev::TargetDevices;
+    use crate::probe::Targets;
+    use crate::stall::inflight::InFlightOp;
+    use crate::stall::log::{FinishedCall, LaneKey, StallLog};
+
+    /// An agent's state with no target and a log of two events: one completed, one
+    /// ongoing.
+    fn state() -> Arc<App> {
+        let registry = Registry::new();
+        let stalls = Arc::new(StallLog::new(8, &registry, Arc::default()));
+        let devices = TargetDevices::default();
+        let key = |lane| LaneKey {
+            devices: &devices,
+            lane,
+            name: "wal",
+        };
+        let call = FinishedCall {
+            mode: Mode::Overwrite,
+            op: Op::Fsync,
+            seq: 1,
+            elapsed: Duration::from_millis(1500),
+            failure: None,
+            waits: None,
+        };
+        stalls.finished(key(0), call, &[]);
+        let blocked = InFlightOp {
+            mode: Mode::Create,
+            op: Op::Create,
+            seq: 3,
+            started: std::time::Instant::now() - Duration::from_secs(2),
+            age: Duration::from_secs(2),
+        };
+        stalls.crossed(key(1), blocked, &[], None);
+        Arc::new(App {
+            registry,
+            stalls,
+            targets: Arc::new(Targets::new(Vec::new())),
+            history: Arc::new(History::new()),
+            latest: Arc::default(),
+            telemetry_path: "/metrics".into(),
+            reload: None,
+            stalls_json: Mutex::default(),
+        })
+    }
+
+    async fn get(app: &Arc<App>, method: Method, path: &str) -> (StatusCode, String, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        let resp = super::app(Arc::clone(app)).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let ctype = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, ctype, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn one_stall_event_by_its_id_as_the_list_serves_it() {
+        let app = state();
+        let (status, _, body) = get(&app, Method::GET, "/api/stalls").await;
+        assert_eq!(status, StatusCode::OK);
+        let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        assert_eq!(list.len(), 2);
+        for want in &list {
+            let id = want["id"].as_str().expect("every event has an id");
+            let (status, ctype, body) = get(&app, Method::GET, &format!("/api/stalls/{id}")).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(ctype, "application/json");
+            let got: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if want["ongoing"] == true {
+                // Served with its age so far: later than the list's.
+                assert!(got["duration_seconds"].as_f64() >= want["duration_seconds"].as_f64());
+                let (mut got, mut want) = (got.clone(), want.clone());
+                for v in [&mut got, &mut want] {
+                    v["duration_seconds"] = 0.into();
+                    v["verdict"] = "".into();
+                }
+                assert_eq!(got, want);
+            } else {
+                assert_eq!(&got, want);
+            }
+        }
+        let (status, _, body) = get(
+            &app,
+            Method::HEAD,
+            &format!("/api/stalls/{}", list[0]["id"].as_str().unwrap()),
+        )
+        .await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, ""));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_stall_id_is_404_in_plain_text() {
+        let app = state();
+        for path in [
+            "/api/stalls/0000-0000-1",
+            "/api/stalls/%2e%2e",
+            "/api/stalls/x/y",
+        ] {
+            let (status, ctype, body) = get(&app, Method::GET, path).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+            assert!(ctype.starts_with("text/plain"), "{path}: {ctype}");
+            assert!(body.len() < 64 && body.ends_with('\n'), "{path}: {body:?}");
+        }
+        let id = app.stalls.events()[0].id.clone();
+        let (status, _, _) = get(&app, Method::POST, &format!("/api/stalls/{id}")).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    }
 }

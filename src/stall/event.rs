@@ -60,6 +60,9 @@ pub struct DeviceContext {
 /// One stall, as `/api/stalls` serves it.
 #[derive(Debug, Clone, Serialize)]
 pub struct StallEvent {
+    /// Unique across restarts and agents on one host (`id.rs`); set when the event
+    /// appears and kept when it completes.
+    pub id: String,
     pub target: String,
     pub mode: &'static str,
     pub op: &'static str,

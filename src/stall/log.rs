@@ -32,6 +32,7 @@ use crate::stall::event::{
     EventId, MdContext, StallEvent, VmContext,
 };
 use crate::stall::evidence::{self, Evidence, Scope};
+use crate::stall::id;
 use crate::stall::inflight::InFlightOp;
 use crate::stall::waits::WaitSamples;
 use crate::stall::wake::Wake;
@@ -76,19 +77,17 @@ struct Inner {
 
 /// The newest `limit` events, ongoing ones with their age so far.
 fn copy_events(inner: &Inner, limit: usize) -> Vec<StallEvent> {
-    inner
-        .events
-        .iter()
-        .take(limit)
-        .map(|e| {
-            let mut e = e.clone();
-            if e.ongoing {
-                e.duration_seconds = e.started.elapsed().as_secs_f64();
-                set_verdict(&mut e);
-            }
-            e
-        })
-        .collect()
+    inner.events.iter().take(limit).map(copy_event).collect()
+}
+
+/// A copy of `e` as served: while ongoing, with its age so far.
+fn copy_event(e: &StallEvent) -> StallEvent {
+    let mut e = e.clone();
+    if e.ongoing {
+        e.duration_seconds = e.started.elapsed().as_secs_f64();
+        set_verdict(&mut e);
+    }
+    e
 }
 
 /// The stall counter's single writer path and the ring of recent events.
@@ -110,6 +109,8 @@ impl StallLog {
             &["target", "mode", "op", "cause"],
         ));
         registry.register_family(Arc::clone(&stalls) as _);
+        // The ids' prefix is the run's start, not its first stall's.
+        id::init();
         StallLog {
             inner: Mutex::new(Inner {
                 events: VecDeque::with_capacity(capacity.min(1024)),
@@ -202,7 +203,7 @@ impl StallLog {
         set_verdict(ev);
         if last {
             let (phrases, idle) = evidence::phrases(&ev.evidence);
-            info!(target = %ev.target, mode = ev.mode, op = ev.op,
+            info!(id = %ev.id, target = %ev.target, mode = ev.mode, op = ev.op,
                 duration_seconds = ev.duration_seconds,
                 reads = ev.evidence.reads,
                 device_idle = idle.map_or("unknown", |i| if i { "yes" } else { "no" }),
@@ -226,6 +227,13 @@ impl StallLog {
             return (inner.changes, None);
         }
         (inner.changes, Some(copy_events(&inner, usize::MAX)))
+    }
+
+    /// The event `id` as [`StallLog::events`] serves it; None when the ring holds no
+    /// such event (never had it, or it was pushed out).
+    pub fn event(&self, id: &str) -> Option<StallEvent> {
+        let inner = lock(&self.inner);
+        inner.events.iter().find(|e| e.id == id).map(copy_event)
     }
 
     /// The newest `limit` events, as [`StallLog::events`]; copies only those.
@@ -269,7 +277,7 @@ impl StallLog {
         set_verdict(&mut ev);
         self.count(name, op.mode, op.op, ev.cause);
         let (md, device, inflight) = log_fields(&ev);
-        warn!(target = %name, mode = %op.mode, op = %op.op,
+        warn!(id = %ev.id, target = %name, mode = %op.mode, op = %op.op,
             blocked_seconds = op.age.as_secs_f64(),
             cause = %ev.cause,
             wchan = ev.symbol.as_deref().unwrap_or("none"),
@@ -323,7 +331,7 @@ impl StallLog {
         ev.error = failure.map(|f| f.to_string());
         set_verdict(ev);
         let (md, device, inflight) = log_fields(ev);
-        warn!(target = %ev.target, mode = ev.mode, op = ev.op,
+        warn!(id = %ev.id, target = %ev.target, mode = ev.mode, op = ev.op,
             duration_seconds = ev.duration_seconds,
             cause = %ev.cause,
             wchan = ev.symbol.as_deref().unwrap_or("none"),
@@ -388,6 +396,7 @@ impl StallLog {
         let before = inner.history.iter().rev().find(|s| s.vm.at <= started);
         let first = before.or_else(|| inner.history.iter().find(|s| s.vm.at > started));
         let mut ev = StallEvent {
+            id: id::next(),
             target: key.name.to_owned(),
             mode: mode.as_str(),
             op: op.as_str(),
@@ -549,6 +558,41 @@ mod tests {
         let other = LaneKey { lane: 2, ..key() };
         log.crossed(other, fsync, &[], None);
         assert_eq!(counted(&log), 2);
+    }
+
+    #[test]
+    fn an_event_keeps_its_id_from_the_crossing_to_the_end_and_is_found_by_it() {
+        let log = setup();
+        let fsync = in_flight(Mode::Overwrite, Op::Fsync, 4, Duration::from_secs(2));
+        log.crossed(key(), fsync, &[], None);
+        let ongoing = log.events()[0].clone();
+        assert!(ongoing.ongoing && !ongoing.id.is_empty());
+        std::thread::sleep(Duration::from_millis(5));
+        let found = log.event(&ongoing.id).expect("found by its id");
+        assert!(found.ongoing);
+        assert!(
+            found.duration_seconds > ongoing.duration_seconds,
+            "an ongoing event is served with its age so far"
+        );
+        log.crossed(key(), fsync, &[], None);
+        log.finished(key(), call(4, Duration::from_secs(3), None), &[]);
+        let done = log.event(&ongoing.id).expect("the same id once completed");
+        assert!(!done.ongoing);
+        assert_eq!(done.duration_seconds, 3.0);
+        assert_eq!(
+            serde_json::to_value(&done).unwrap(),
+            serde_json::to_value(&log.events()[0]).unwrap()
+        );
+        assert_eq!(serde_json::to_value(&done).unwrap()["id"], ongoing.id);
+        // Counted on return: an id of its own. Pushed out of the ring: not found.
+        log.finished(key(), call(5, Duration::from_secs(1), None), &[]);
+        log.finished(key(), call(6, Duration::from_secs(1), None), &[]);
+        let ids: Vec<String> = log.events().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids.len(), 2);
+        assert!(ids[0] != ids[1] && !ids.contains(&ongoing.id), "{ids:?}");
+        assert!(log.event(&ongoing.id).is_none());
+        assert!(log.event("no-such-id").is_none());
+        assert_eq!(log.event(&ids[1]).unwrap().id, ids[1]);
     }
 
     fn setup() -> StallLog {

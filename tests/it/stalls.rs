@@ -278,3 +278,146 @@ fn stall_log_is_bounded_and_newest_first() {
         assert_schema(e);
     }
 }
+
+/// The event `id` from `/api/stalls`, or None before there is one; the event itself.
+fn only_event(agent: &Agent, target: &str) -> Option<Value> {
+    let events = stalls(agent);
+    let mine = of_target(&events, target);
+    assert!(mine.len() <= 1, "one event per freeze: {events:?}");
+    mine.first().map(|e| (*e).clone())
+}
+
+/// `GET /api/stalls/{id}` as JSON, asserting 200.
+fn stall_by_id(agent: &Agent, id: &str) -> Value {
+    let (status, body, _) = agent.get(&format!("/api/stalls/{id}"));
+    assert_eq!(status, 200, "/api/stalls/{id}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/api/stalls/{id}: {e}: {body}"))
+}
+
+/// The fields of an event that do not change while it lasts (its context grows), and
+/// its keys.
+fn settled(e: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for k in [
+        "id",
+        "target",
+        "mode",
+        "op",
+        "started_at",
+        "ongoing",
+        "error",
+        "counted_cause",
+    ] {
+        out.insert(k.into(), e[k].clone());
+    }
+    let keys: Vec<&String> = e.as_object().unwrap().keys().collect();
+    out.insert("keys".into(), serde_json::json!(keys));
+    Value::Object(out)
+}
+
+/// A freeze's event has an `id` from the moment it appears, the same once it ended;
+/// `/api/stalls/{id}` serves that one event as the list does, a made-up id is 404; an
+/// agent started after the first one gives its stall another id.
+#[test]
+fn a_stall_is_served_by_its_id_and_a_restart_gives_new_ids() {
+    if !require_root("a_stall_is_served_by_its_id_and_a_restart_gives_new_ids") {
+        return;
+    }
+    let _machine = machine::shared();
+    let mut fs = LoopFs::new("xfs", 320);
+    let yaml = format!(
+        "stall_threshold: 500ms\ntargets:\n  - path: {}\n    name: frozen\n    interval: 200ms\n    modes: [create]\n",
+        fs.path().display()
+    );
+    let freeze_once = |fs: &mut LoopFs, agent: &Agent| -> (Value, Value, Value) {
+        assert!(agent.wait_up("frozen"));
+        fs.freeze();
+        let mut ongoing = None;
+        let seen = wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+            ongoing = only_event(agent, "frozen");
+            ongoing.is_some()
+        });
+        let ongoing = ongoing.filter(|_| seen);
+        let by_id = ongoing
+            .as_ref()
+            .map(|e| stall_by_id(agent, e["id"].as_str().expect("id is a string")));
+        std::thread::sleep(Duration::from_millis(300));
+        fs.thaw();
+        let ongoing = ongoing.expect("no ongoing event during the freeze");
+        let by_id = by_id.unwrap();
+        // Completed, with the evidence worker's reading after the end: nothing changes
+        // the event any more.
+        let mut done = None;
+        assert!(wait_until(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || {
+                done = only_event(agent, "frozen")
+                    .filter(|e| e["ongoing"] == false && e["evidence"]["complete"] == true);
+                done.is_some()
+            }
+        ));
+        (ongoing, by_id, done.unwrap())
+    };
+
+    let agent = Agent::start(&yaml);
+    let (ongoing, by_id, done) = freeze_once(&mut fs, &agent);
+    let id = ongoing["id"].as_str().unwrap().to_owned();
+    eprintln!("stall id {id}");
+    assert_schema(&by_id);
+    assert_eq!(by_id["id"], id);
+    assert_eq!(by_id["ongoing"], true);
+    assert_eq!(
+        settled(&by_id),
+        settled(&ongoing),
+        "the same event while ongoing"
+    );
+    assert!(by_id["duration_seconds"].as_f64() >= ongoing["duration_seconds"].as_f64());
+    assert_eq!(done["id"], id, "the id is kept when the stall completes");
+    assert_eq!(
+        stall_by_id(&agent, &id),
+        done,
+        "the same event once completed"
+    );
+    assert!(
+        id.len() <= 32
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+        "short and URL-safe: {id}"
+    );
+    for unknown in ["0-0-0", "019ae3f2c1b0-00000000-1", &format!("{id}0")] {
+        let (status, body, _) = agent.get(&format!("/api/stalls/{unknown}"));
+        assert_eq!(
+            (status, body.as_str()),
+            (404, "no stall event with this id\n")
+        );
+    }
+    let logged = agent
+        .logs()
+        .into_iter()
+        .filter(|l| l.contains(&format!("id={id} ")))
+        .count();
+    assert_eq!(
+        logged,
+        3,
+        "stall started, ended, evidence: {}",
+        agent.log_tail(20)
+    );
+    let pid = agent.pid();
+    drop(agent);
+
+    // The next run on the same host: another prefix, its own ids.
+    let agent = Agent::start(&yaml);
+    assert_ne!(agent.pid(), pid);
+    let (ongoing, by_id, done) = freeze_once(&mut fs, &agent);
+    let again = ongoing["id"].as_str().unwrap();
+    eprintln!("stall id after a restart {again}");
+    assert_ne!(again, id, "a restart reused an id");
+    let run = |id: &str| id.rsplit_once('-').unwrap().0.to_owned();
+    assert_ne!(run(again), run(&id), "one prefix per run");
+    assert_eq!(by_id["id"], again);
+    assert_eq!(done["id"], again);
+    let (status, _, _) = agent.get(&format!("/api/stalls/{id}"));
+    assert_eq!(status, 404, "the earlier run's event is not this run's");
+}

@@ -342,6 +342,11 @@ fn basic_auth_over_tls_answers_401_without_the_right_password() {
     }
     let r = https(&addr, &cfg, "/healthz", &[("Authorization", &right)]).unwrap();
     assert_eq!(r.status, 200);
+    // One stall event by its id: behind the same auth (an id is no password).
+    let one = "/api/stalls/019ae3f2c1b0-7f3a09c2-1";
+    assert_eq!(https(&addr, &cfg, one, &[]).unwrap().status, 401);
+    let r = https(&addr, &cfg, one, &[("Authorization", &right)]).unwrap();
+    assert_eq!(r.status, 404, "no such event");
 
     // Plain HTTP against the TLS port: no HTTP answer.
     let mut tcp = connect(&addr);
