@@ -330,8 +330,7 @@ fn work(job: Job, live: &Live, tx: &mpsc::Sender<Msg>) {
 
 /// True when `path` is on tmpfs, whose O_DIRECT (Linux 6.6+) is a memory copy.
 fn is_tmpfs(path: &Path) -> bool {
-    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
-    statfs(path).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC)
 }
 
 /// Everything printed at the end.
