@@ -143,8 +143,8 @@ impl fmt::Display for Failure {
 #[serde(rename_all = "lowercase")]
 #[strum(
     serialize_all = "snake_case",
-    parse_err_ty = String,
-    parse_err_fn = unknown_mode
+    parse_err_ty = UnknownName,
+    parse_err_fn = UnknownName::mode
 )]
 pub enum Mode {
     Create,
@@ -159,11 +159,6 @@ impl Mode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
-}
-
-fn unknown_mode(s: &str) -> String {
-    let names: Vec<&str> = Mode::VARIANTS.iter().map(|m| m.as_str()).collect();
-    format!("unknown mode {s:?}: expected {}", or_list(&names))
 }
 
 /// The flush call of the overwrite and replace probes.
@@ -182,8 +177,8 @@ fn unknown_mode(s: &str) -> String {
 #[serde(rename_all = "lowercase")]
 #[strum(
     serialize_all = "snake_case",
-    parse_err_ty = String,
-    parse_err_fn = unknown_sync
+    parse_err_ty = UnknownName,
+    parse_err_fn = UnknownName::sync
 )]
 pub enum SyncKind {
     Fsync,
@@ -196,14 +191,29 @@ impl SyncKind {
     }
 }
 
-fn unknown_sync(s: &str) -> String {
-    let names: Vec<&str> = SyncKind::VARIANTS.iter().map(|k| k.as_str()).collect();
-    format!("unknown sync {s:?}: expected {}", or_list(&names))
+/// A word that names no mode or flush call (`--mode`, `--sync`), with the words accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownName {
+    #[error("unknown mode {0:?}: expected {expected}", expected = or_list(Mode::VARIANTS))]
+    Mode(String),
+    #[error("unknown sync {0:?}: expected {expected}", expected = or_list(SyncKind::VARIANTS))]
+    Sync(String),
+}
+
+impl UnknownName {
+    fn mode(s: &str) -> UnknownName {
+        UnknownName::Mode(s.to_owned())
+    }
+
+    fn sync(s: &str) -> UnknownName {
+        UnknownName::Sync(s.to_owned())
+    }
 }
 
 /// `a`, `a or b`, `a, b or c`: how the command line lists the accepted words.
-fn or_list(words: &[&str]) -> String {
-    match words {
+fn or_list<T: Copy + Into<&'static str>>(values: &[T]) -> String {
+    let words: Vec<&str> = values.iter().map(|&v| v.into()).collect();
+    match words.as_slice() {
         [] => String::new(),
         [one] => (*one).to_owned(),
         [init @ .., last] => format!("{} or {last}", init.join(", ")),
