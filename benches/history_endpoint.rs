@@ -12,8 +12,8 @@ use stallwatch::http::history_json;
 /// This thread's CPU time, so time waiting for a CPU held by other processes of a
 /// shared machine is not counted.
 fn thread_cpu_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn rss_bytes() -> u64 {

@@ -211,9 +211,8 @@ fn run_agent(
             agent::Listen::Sockets(sockets)
         }
         (None, Some(a)) => agent::Listen::Address(a.parse().map_err(|_| {
-            anyhow::Error::new(ConfigError::Invalid {
-                path: PathBuf::from("--web.listen-address"),
-                message: format!("{a:?} is not an IP:port address"),
+            anyhow::Error::new(ConfigError::ListenFlag {
+                value: a.to_owned(),
             })
         })?),
         (None, None) => agent::Listen::Address(config.listen_address),

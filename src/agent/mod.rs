@@ -160,7 +160,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
 
     let reload: Option<http::ReloadFn> = lifecycle.then(|| {
         let r = Arc::clone(&reloader);
-        Arc::new(move || r.reload()) as http::ReloadFn
+        Arc::new(move || r.reload().map_err(Into::into)) as http::ReloadFn
     });
     let app = http::app(Arc::new(App {
         registry,

@@ -10,9 +10,22 @@ use prometheus::{Gauge, IntGauge, Registry};
 use tracing::{info, warn};
 
 use crate::base::sync::lock;
-use crate::config::{Config, Source};
-use crate::probe::supervisor::Supervisor;
+use crate::config::{Config, ConfigError, Source};
+use crate::probe::supervisor::{Changes, SpawnError, Supervisor};
 use crate::probe::Targets;
+
+/// Why a reload did not take effect; the running configuration stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("shutting down")]
+    ShuttingDown,
+    /// The file was refused.
+    #[error("{0}")]
+    Config(ConfigError),
+    /// The new targets could not be started.
+    #[error("{0}")]
+    Apply(SpawnError),
+}
 
 /// The running configuration, its source and the lanes it started.
 pub struct Reloader {
@@ -77,26 +90,27 @@ impl Reloader {
 
     /// Re-reads the configuration and applies it. Returns what changed, or why the file
     /// was refused (the running configuration then stays).
-    pub fn reload(&self) -> Result<String, String> {
+    pub fn reload(&self) -> Result<Changes, ReloadError> {
         let mut running = lock(&self.running);
         let loaded = self.source.load();
         let Some(supervisor) = running.supervisor.as_mut() else {
-            return Err("shutting down".into());
+            return Err(ReloadError::ShuttingDown);
         };
         let (config, file) = match loaded {
             Ok(x) => x,
             Err(e) => {
                 self.successful.set(0);
                 warn!(error = %e, "configuration reload refused; the running configuration is kept");
-                return Err(e.to_string());
+                return Err(ReloadError::Config(e));
             }
         };
         let changes = match supervisor.apply(&config.targets) {
             Ok(c) => c,
             Err(e) => {
                 self.successful.set(0);
-                warn!(error = %format!("{e:#}"), "configuration reload failed");
-                return Err(format!("{e:#}"));
+                let e = ReloadError::Apply(e);
+                warn!(error = %e, "configuration reload failed");
+                return Err(e);
             }
         };
         let old = &running.config;
@@ -136,7 +150,7 @@ impl Reloader {
         kept.vm_interval = old.vm_interval;
         kept.stall_log_size = old.stall_log_size;
         running.config = kept;
-        Ok(changes.to_string())
+        Ok(changes)
     }
 
     /// Stops every lane and waits for them (see [`Supervisor::shutdown`]). A reload still

@@ -4,9 +4,10 @@
 
 use std::fmt;
 
-use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 use strum::VariantArray;
+
+use crate::base::errno::{self, Errno};
 
 /// One timed operation. Names are contract (metric label `op`); `prepare` covers the
 /// untimed set-up a cycle may need (opening the probe directory, preallocating a file).
@@ -78,40 +79,44 @@ impl Failure {
 
 /// The symbolic name of an errno (`EIO`), as the metrics label it.
 pub fn errno_name(e: Errno) -> &'static str {
-    // Errno's Debug is its symbolic name; intern the few we see to avoid allocating.
-    match e {
-        Errno::EIO => "EIO",
-        Errno::ENOSPC => "ENOSPC",
-        Errno::EROFS => "EROFS",
-        Errno::EACCES => "EACCES",
-        Errno::EPERM => "EPERM",
-        Errno::ENOENT => "ENOENT",
-        Errno::EINVAL => "EINVAL",
-        Errno::EDQUOT => "EDQUOT",
-        Errno::ELOOP => "ELOOP",
-        Errno::ENOTDIR => "ENOTDIR",
-        Errno::EEXIST => "EEXIST",
-        Errno::ESTALE => "ESTALE",
-        Errno::EUCLEAN => "EUCLEAN",
-        Errno::ENODEV => "ENODEV",
-        Errno::ENXIO => "ENXIO",
-        Errno::EBADF => "EBADF",
-        Errno::EMFILE => "EMFILE",
-        Errno::ENFILE => "ENFILE",
-        Errno::ENOMEM => "ENOMEM",
-        Errno::EINTR => "EINTR",
-        Errno::EAGAIN => "EAGAIN",
-        Errno::EFBIG => "EFBIG",
-        Errno::ETIMEDOUT => "ETIMEDOUT",
-        Errno::ENOTCONN => "ENOTCONN",
-        _ => "other",
+    // A bounded set: the errnos a probe can meet; any other is `other`.
+    const LABELLED: &[Errno] = &[
+        Errno::IO,
+        Errno::NOSPC,
+        Errno::ROFS,
+        Errno::ACCESS,
+        Errno::PERM,
+        Errno::NOENT,
+        Errno::INVAL,
+        Errno::DQUOT,
+        Errno::LOOP,
+        Errno::NOTDIR,
+        Errno::EXIST,
+        Errno::STALE,
+        Errno::UCLEAN,
+        Errno::NODEV,
+        Errno::NXIO,
+        Errno::BADF,
+        Errno::MFILE,
+        Errno::NFILE,
+        Errno::NOMEM,
+        Errno::INTR,
+        Errno::AGAIN,
+        Errno::FBIG,
+        Errno::TIMEDOUT,
+        Errno::NOTCONN,
+    ];
+    if LABELLED.contains(&e) {
+        errno::name(e)
+    } else {
+        "other"
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Errno(e) => write!(f, "{} ({})", errno_name(*e), e.desc()),
+            Failure::Errno(e) => write!(f, "{} ({})", errno_name(*e), errno::desc(*e)),
             Failure::ShortWrite => f.write_str("short write"),
             Failure::UnsafeDir => f.write_str("unsafe probe directory"),
             Failure::MountChanged => f.write_str("mount changed under the probe"),
@@ -138,8 +143,8 @@ impl fmt::Display for Failure {
 #[serde(rename_all = "lowercase")]
 #[strum(
     serialize_all = "snake_case",
-    parse_err_ty = String,
-    parse_err_fn = unknown_mode
+    parse_err_ty = UnknownName,
+    parse_err_fn = UnknownName::mode
 )]
 pub enum Mode {
     Create,
@@ -154,11 +159,6 @@ impl Mode {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
-}
-
-fn unknown_mode(s: &str) -> String {
-    let names: Vec<&str> = Mode::VARIANTS.iter().map(|m| m.as_str()).collect();
-    format!("unknown mode {s:?}: expected {}", or_list(&names))
 }
 
 /// The flush call of the overwrite and replace probes.
@@ -177,8 +177,8 @@ fn unknown_mode(s: &str) -> String {
 #[serde(rename_all = "lowercase")]
 #[strum(
     serialize_all = "snake_case",
-    parse_err_ty = String,
-    parse_err_fn = unknown_sync
+    parse_err_ty = UnknownName,
+    parse_err_fn = UnknownName::sync
 )]
 pub enum SyncKind {
     Fsync,
@@ -191,14 +191,29 @@ impl SyncKind {
     }
 }
 
-fn unknown_sync(s: &str) -> String {
-    let names: Vec<&str> = SyncKind::VARIANTS.iter().map(|k| k.as_str()).collect();
-    format!("unknown sync {s:?}: expected {}", or_list(&names))
+/// A word that names no mode or flush call (`--mode`, `--sync`), with the words accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownName {
+    #[error("unknown mode {0:?}: expected {expected}", expected = or_list(Mode::VARIANTS))]
+    Mode(String),
+    #[error("unknown sync {0:?}: expected {expected}", expected = or_list(SyncKind::VARIANTS))]
+    Sync(String),
+}
+
+impl UnknownName {
+    fn mode(s: &str) -> UnknownName {
+        UnknownName::Mode(s.to_owned())
+    }
+
+    fn sync(s: &str) -> UnknownName {
+        UnknownName::Sync(s.to_owned())
+    }
 }
 
 /// `a`, `a or b`, `a, b or c`: how the command line lists the accepted words.
-fn or_list(words: &[&str]) -> String {
-    match words {
+fn or_list<T: Copy + Into<&'static str>>(values: &[T]) -> String {
+    let words: Vec<&str> = values.iter().map(|&v| v.into()).collect();
+    match words.as_slice() {
         [] => String::new(),
         [one] => (*one).to_owned(),
         [init @ .., last] => format!("{} or {last}", init.join(", ")),
@@ -293,12 +308,46 @@ mod tests {
 
     #[test]
     fn errno_labels_are_symbolic_and_bounded() {
-        assert_eq!(Failure::Errno(Errno::EIO).label(), "EIO");
-        assert_eq!(Failure::Errno(Errno::ENOTCONN).label(), "ENOTCONN");
-        assert_eq!(Failure::Errno(Errno::EXDEV).label(), "other");
+        assert_eq!(Failure::Errno(Errno::IO).label(), "EIO");
+        assert_eq!(Failure::Errno(Errno::NOTCONN).label(), "ENOTCONN");
+        assert_eq!(Failure::Errno(Errno::XDEV).label(), "other");
         assert_eq!(Failure::ShortWrite.label(), "short_write");
+        // Every label value there is, by raw number: contract (the `errno` label).
+        let labels: Vec<(i32, &str)> = (1..200)
+            .map(|n| (n, errno_name(Errno::from_raw_os_error(n))))
+            .filter(|(_, l)| *l != "other")
+            .collect();
         assert_eq!(
-            Failure::Errno(Errno::ENOSPC).to_string(),
+            labels,
+            [
+                (libc::EPERM, "EPERM"),
+                (libc::ENOENT, "ENOENT"),
+                (libc::EINTR, "EINTR"),
+                (libc::EIO, "EIO"),
+                (libc::ENXIO, "ENXIO"),
+                (libc::EBADF, "EBADF"),
+                (libc::EAGAIN, "EAGAIN"),
+                (libc::ENOMEM, "ENOMEM"),
+                (libc::EACCES, "EACCES"),
+                (libc::EEXIST, "EEXIST"),
+                (libc::ENODEV, "ENODEV"),
+                (libc::ENOTDIR, "ENOTDIR"),
+                (libc::EINVAL, "EINVAL"),
+                (libc::ENFILE, "ENFILE"),
+                (libc::EMFILE, "EMFILE"),
+                (libc::EFBIG, "EFBIG"),
+                (libc::ENOSPC, "ENOSPC"),
+                (libc::EROFS, "EROFS"),
+                (libc::ELOOP, "ELOOP"),
+                (libc::ENOTCONN, "ENOTCONN"),
+                (libc::ETIMEDOUT, "ETIMEDOUT"),
+                (libc::ESTALE, "ESTALE"),
+                (libc::EUCLEAN, "EUCLEAN"),
+                (libc::EDQUOT, "EDQUOT"),
+            ]
+        );
+        assert_eq!(
+            Failure::Errno(Errno::NOSPC).to_string(),
             "ENOSPC (No space left on device)"
         );
     }

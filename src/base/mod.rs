@@ -1,4 +1,6 @@
-//! The lowest layer: the label types every layer may use and the poison-tolerant lock.
+//! The lowest layer: the label types every layer may use, errno names and the
+//! poison-tolerant lock.
 
+pub mod errno;
 pub mod labels;
 pub mod sync;

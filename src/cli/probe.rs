@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
-use crate::base::labels::{Failure, Mode, Op, SyncKind};
+use crate::base::labels::{Failure, Mode, Op, SyncKind, UnknownName};
 use crate::config;
 use crate::probe::ops::{self, Latencies, Observer, PROBE_DIR};
 
@@ -56,21 +56,34 @@ pub struct ProbeArgs {
     pub json: bool,
 }
 
+/// A command-line value `stallwatch probe` refuses (clap prints it after the flag).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error("must be at least 1")]
+    ZeroCount,
+    #[error("{0:?} is not a whole number of cycles")]
+    Count(String),
+    #[error("{0:?} is larger than 64MiB")]
+    SizeTooLarge(String),
+    #[error(transparent)]
+    Value(#[from] config::ValueError),
+}
+
 impl clap::builder::ValueParserFactory for Mode {
-    type Parser = fn(&str) -> Result<Mode, String>;
+    type Parser = fn(&str) -> Result<Mode, UnknownName>;
     fn value_parser() -> Self::Parser {
         |s| s.parse()
     }
 }
 
 impl clap::builder::ValueParserFactory for SyncKind {
-    type Parser = fn(&str) -> Result<SyncKind, String>;
+    type Parser = fn(&str) -> Result<SyncKind, UnknownName>;
     fn value_parser() -> Self::Parser {
         |s| s.parse()
     }
 }
 
-fn parse_interval(s: &str) -> Result<Duration, String> {
+fn parse_interval(s: &str) -> Result<Duration, config::ValueError> {
     // Zero is allowed here (back-to-back cycles, as ioping -i 0), unlike in the config.
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
@@ -81,18 +94,18 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn parse_count(s: &str) -> Result<u64, String> {
+fn parse_count(s: &str) -> Result<u64, Error> {
     match s.trim().parse::<u64>() {
-        Ok(0) => Err("must be at least 1".into()),
+        Ok(0) => Err(Error::ZeroCount),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("{s:?} is not a whole number of cycles")),
+        Err(_) => Err(Error::Count(s.to_owned())),
     }
 }
 
-fn parse_probe_size(s: &str) -> Result<u64, String> {
+fn parse_probe_size(s: &str) -> Result<u64, Error> {
     let n = config::parse_size(s)?;
     if n > MAX_SIZE {
-        return Err(format!("{s:?} is larger than 64MiB"));
+        return Err(Error::SizeTooLarge(s.to_owned()));
     }
     Ok(n)
 }
@@ -330,8 +343,7 @@ fn work(job: Job, live: &Live, tx: &mpsc::Sender<Msg>) {
 
 /// True when `path` is on tmpfs, whose O_DIRECT (Linux 6.6+) is a memory copy.
 fn is_tmpfs(path: &Path) -> bool {
-    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
-    statfs(path).is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC)
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC)
 }
 
 /// Everything printed at the end.
@@ -644,7 +656,10 @@ mod tests {
         assert!(parse_count("many").is_err());
         assert_eq!(parse_probe_size("4KiB"), Ok(4096));
         assert_eq!(parse_probe_size("64MiB"), Ok(64 << 20));
-        assert!(parse_probe_size("65MiB").unwrap_err().contains("64MiB"));
+        assert!(parse_probe_size("65MiB")
+            .unwrap_err()
+            .to_string()
+            .contains("64MiB"));
         assert!(parse_probe_size("0").is_err());
         assert!(parse_probe_size("4 bananas").is_err());
     }

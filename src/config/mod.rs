@@ -40,9 +40,99 @@ pub enum ConfigError {
         path: PathBuf,
         error: std::io::Error,
     },
-    /// Syntax, type, unknown key or bad value. `message` carries the key path and line.
-    #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    /// Syntax, type, unknown key or a value that does not parse: the parser's message
+    /// names the key path, the line and the column.
+    #[error("{path}: {}", parse_error(.error))]
+    Syntax {
+        path: PathBuf,
+        error: yaml_serde::Error,
+    },
+    /// A setting that parses but is not allowed, with its key and, where found, its line.
+    #[error("{path}: {error}")]
+    Invalid { path: PathBuf, error: Invalid },
+    /// `--web.listen-address`, which overrides the file's `listen_address`.
+    #[error("--web.listen-address: {value:?} is not an IP:port address")]
+    ListenFlag { value: String },
+}
+
+/// A value that does not parse: a duration, a size or a target path. The parser reports
+/// it at the value's own line and column.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid duration {text:?} ({reason}); write e.g. 250ms, 10s, 2m")]
+    Duration {
+        text: String,
+        reason: humantime::DurationError,
+    },
+    #[error("invalid duration {0:?}: must be greater than zero")]
+    ZeroDuration(String),
+    #[error("invalid size {0:?}; write e.g. 4096, 4KiB, 1MiB")]
+    Size(String),
+    #[error("invalid size {0:?}: must be greater than zero")]
+    ZeroSize(String),
+    #[error("path {0:?} is relative: target paths must be absolute")]
+    RelativePath(String),
+    #[error("path {0:?} contains `..`: write the path it means")]
+    ParentDir(String),
+}
+
+/// A setting that parses but is not allowed. `key` is the key path (`targets[1].size`);
+/// `line` the 1-based line of the setting where it could be found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("listen_address: {value:?} is not an IP:port address{}", at_line(*.line))]
+    ListenAddress { value: String, line: Option<usize> },
+    #[error(
+        "telemetry_path: {value:?} must start with /, differ from {} and not be under /assets/ or /api/stalls/{}",
+        RESERVED_PATHS.join(", "),
+        at_line(*.line)
+    )]
+    TelemetryPath { value: String, line: Option<usize> },
+    #[error("stall_log_size: {value} is out of range 1..=100000{}", at_line(*.line))]
+    StallLogSize { value: i128, line: Option<usize> },
+    #[error("{key}: at least one mode is required")]
+    NoMode { key: String },
+    #[error("{key}: mode {mode} is listed twice")]
+    ModeTwice { key: String, mode: Mode },
+    #[error("{key}: size {size} is larger than the maximum {MAX_SIZE} bytes")]
+    SizeTooLarge { key: String, size: u64 },
+    #[error("{key}: {interval:?} is shorter than the minimum {MIN_INTERVAL:?}")]
+    IntervalTooShort { key: String, interval: Duration },
+    #[error("targets: at least one target is required")]
+    NoTarget,
+    #[error("{key}.name: {name:?} must be non-empty printable text{}", at_line(*.line))]
+    Name {
+        key: String,
+        name: String,
+        line: Option<usize>,
+    },
+    #[error("{key}.path: {path:?} is already probed by targets[{other}]{}", at_line(*.line))]
+    PathTwice {
+        key: String,
+        path: String,
+        other: usize,
+        line: Option<usize>,
+    },
+    #[error(
+        "{key}.name: target name {name:?} is already used by targets[{other}]{}",
+        at_line(*.line)
+    )]
+    NameTwice {
+        key: String,
+        name: String,
+        other: usize,
+        line: Option<usize>,
+    },
+    #[error(
+        "{key}.rotate_size: {rotate_size} is smaller than size {size}: the append log could not hold one write{}",
+        at_line(*.line)
+    )]
+    RotateSize {
+        key: String,
+        rotate_size: u64,
+        size: u64,
+        line: Option<usize>,
+    },
 }
 
 /// Reads one scalar as text and parses it with `parse`. The check runs inside the visitor,
@@ -52,7 +142,7 @@ struct TextVisitor<F> {
     parse: F,
 }
 
-impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for TextVisitor<F> {
+impl<T, F: FnOnce(&str) -> Result<T, ValueError>> de::Visitor<'_> for TextVisitor<F> {
     type Value = T;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.expecting)
@@ -76,11 +166,13 @@ impl<'de> Deserialize<'de> for Dur {
 }
 
 /// Parses a positive human duration (`250ms`, `10s`, `1m30s`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s.trim())
-        .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 250ms, 10s, 2m"))?;
+pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
+    let d = humantime::parse_duration(s.trim()).map_err(|reason| ValueError::Duration {
+        text: s.to_owned(),
+        reason,
+    })?;
     if d.is_zero() {
-        return Err(format!("invalid duration {s:?}: must be greater than zero"));
+        return Err(ValueError::ZeroDuration(s.to_owned()));
     }
     Ok(d)
 }
@@ -106,9 +198,7 @@ impl<'de> Deserialize<'de> for Size {
             fn visit_i64<E: de::Error>(self, n: i64) -> Result<Size, E> {
                 match u64::try_from(n) {
                     Ok(n) if n > 0 => Ok(Size(n)),
-                    _ => Err(E::custom(format!(
-                        "invalid size \"{n}\": must be greater than zero"
-                    ))),
+                    _ => Err(E::custom(ValueError::ZeroSize(n.to_string()))),
                 }
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Size, E> {
@@ -121,11 +211,11 @@ impl<'de> Deserialize<'de> for Size {
 }
 
 /// Parses a positive size with an optional binary (`KiB`) or decimal (`kB`) unit.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, ValueError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let bad = || format!("invalid size {s:?}; write e.g. 4096, 4KiB, 1MiB");
+    let bad = || ValueError::Size(s.to_owned());
     let n: u64 = num.parse().map_err(|_| bad())?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
@@ -139,7 +229,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let v = n.checked_mul(mult).ok_or_else(bad)?;
     if v == 0 {
-        return Err(format!("invalid size {s:?}: must be greater than zero"));
+        return Err(ValueError::ZeroSize(s.to_owned()));
     }
     Ok(v)
 }
@@ -174,15 +264,13 @@ impl<'de> Deserialize<'de> for Count {
 struct AbsPath(PathBuf);
 
 impl AbsPath {
-    fn parse(s: &str) -> Result<AbsPath, String> {
+    fn parse(s: &str) -> Result<AbsPath, ValueError> {
         let p = PathBuf::from(s);
         if !p.is_absolute() {
-            return Err(format!(
-                "path {s:?} is relative: target paths must be absolute"
-            ));
+            return Err(ValueError::RelativePath(s.to_owned()));
         }
         if p.components().any(|c| c == std::path::Component::ParentDir) {
-            return Err(format!("path {s:?} contains `..`: write the path it means"));
+            return Err(ValueError::ParentDir(s.to_owned()));
         }
         Ok(AbsPath(p))
     }
@@ -322,12 +410,14 @@ impl Config {
 
     /// Validates YAML text; `path` only names the source in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let invalid = |message: String| ConfigError::Invalid {
+        let raw: RawConfig = yaml_serde::from_str(text).map_err(|error| ConfigError::Syntax {
             path: path.to_owned(),
-            message,
-        };
-        let raw: RawConfig = yaml_serde::from_str(text).map_err(|e| invalid(parse_error(&e)))?;
-        resolve(raw, text).map_err(invalid)
+            error,
+        })?;
+        resolve(raw, text).map_err(|error| ConfigError::Invalid {
+            path: path.to_owned(),
+            error,
+        })
     }
 
     /// The embedded default configuration.
@@ -364,6 +454,7 @@ fn parse_error(e: &yaml_serde::Error) -> String {
     }
 }
 
+/// ` at line L`, or nothing when the line was not found.
 fn at_line(line: Option<usize>) -> String {
     line.map(|l| format!(" at line {l}")).unwrap_or_default()
 }
@@ -379,47 +470,52 @@ pub fn name_from_path(p: &Path) -> String {
     }
 }
 
-fn check_modes(modes: &[Mode], key: &str) -> Result<(), String> {
+fn check_modes(modes: &[Mode], key: &str) -> Result<(), Invalid> {
     if modes.is_empty() {
-        return Err(format!("{key}: at least one mode is required"));
+        return Err(Invalid::NoMode {
+            key: key.to_owned(),
+        });
     }
     let mut seen = HashSet::new();
-    for m in modes {
-        if !seen.insert(m) {
-            return Err(format!("{key}: mode {m} is listed twice"));
+    for &mode in modes {
+        if !seen.insert(mode) {
+            return Err(Invalid::ModeTwice {
+                key: key.to_owned(),
+                mode,
+            });
         }
     }
     Ok(())
 }
 
-fn check_size(size: Option<Size>, key: &str) -> Result<(), String> {
+fn check_size(size: Option<Size>, key: &str) -> Result<(), Invalid> {
     match size {
-        Some(Size(n)) if n > MAX_SIZE => Err(format!(
-            "{key}: size {n} is larger than the maximum {MAX_SIZE} bytes"
-        )),
+        Some(Size(size)) if size > MAX_SIZE => Err(Invalid::SizeTooLarge {
+            key: key.to_owned(),
+            size,
+        }),
         _ => Ok(()),
     }
 }
 
-fn check_interval(d: Option<Dur>, key: &str) -> Result<(), String> {
+fn check_interval(d: Option<Dur>, key: &str) -> Result<(), Invalid> {
     match d {
-        Some(Dur(d)) if d < MIN_INTERVAL => Err(format!(
-            "{key}: {d:?} is shorter than the minimum {MIN_INTERVAL:?}"
-        )),
+        Some(Dur(interval)) if interval < MIN_INTERVAL => Err(Invalid::IntervalTooShort {
+            key: key.to_owned(),
+            interval,
+        }),
         _ => Ok(()),
     }
 }
 
-fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
+fn resolve(raw: RawConfig, text: &str) -> Result<Config, Invalid> {
     let listen = raw
         .listen_address
         .as_deref()
         .unwrap_or(defaults::LISTEN_ADDRESS);
-    let listen_address: SocketAddr = listen.parse().map_err(|_| {
-        format!(
-            "listen_address: {listen:?} is not an IP:port address{}",
-            at_line(line_of(text, "listen_address", listen, 0))
-        )
+    let listen_address: SocketAddr = listen.parse().map_err(|_| Invalid::ListenAddress {
+        value: listen.to_owned(),
+        line: line_of(text, "listen_address", listen, 0),
     })?;
     let telemetry_path = raw
         .telemetry_path
@@ -429,20 +525,19 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
         || telemetry_path.starts_with("/assets/")
         || telemetry_path.starts_with("/api/stalls/")
     {
-        return Err(format!(
-            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/ or /api/stalls/{}",
-            RESERVED_PATHS.join(", "),
-            at_line(line_of(text, "telemetry_path", &telemetry_path, 0))
-        ));
+        return Err(Invalid::TelemetryPath {
+            line: line_of(text, "telemetry_path", &telemetry_path, 0),
+            value: telemetry_path,
+        });
     }
     let stall_log_size = match raw.stall_log_size {
         None => defaults::STALL_LOG_SIZE,
         Some(Count(n)) if (1..=100_000).contains(&n) => n as usize,
         Some(Count(n)) => {
-            return Err(format!(
-                "stall_log_size: {n} is out of range 1..=100000{}",
-                at_line(line_of(text, "stall_log_size", &n.to_string(), 0))
-            ))
+            return Err(Invalid::StallLogSize {
+                value: n,
+                line: line_of(text, "stall_log_size", &n.to_string(), 0),
+            })
         }
     };
     let d = raw.defaults;
@@ -457,7 +552,7 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
         .unwrap_or(defaults::STALL_THRESHOLD);
 
     if raw.targets.is_empty() {
-        return Err("targets: at least one target is required".to_owned());
+        return Err(Invalid::NoTarget);
     }
     let mut targets: Vec<Target> = Vec::with_capacity(raw.targets.len());
     for (i, t) in raw.targets.into_iter().enumerate() {
@@ -471,10 +566,11 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
         let name = match t.name {
             Some(n) => {
                 if n.is_empty() || n.chars().any(|c| c.is_control()) {
-                    return Err(format!(
-                        "{key}.name: {n:?} must be non-empty printable text{}",
-                        at_line(line_of(text, "name", &n, 0))
-                    ));
+                    return Err(Invalid::Name {
+                        line: line_of(text, "name", &n, 0),
+                        key,
+                        name: n,
+                    });
                 }
                 n
             }
@@ -482,16 +578,20 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
         };
         if let Some(j) = targets.iter().position(|o| o.path == path) {
             let p = path.display().to_string();
-            return Err(format!(
-                "{key}.path: {p:?} is already probed by targets[{j}]{}",
-                at_line(line_of(text, "path", &p, 1))
-            ));
+            return Err(Invalid::PathTwice {
+                line: line_of(text, "path", &p, 1),
+                key,
+                path: p,
+                other: j,
+            });
         }
         if let Some(j) = targets.iter().position(|o| o.name == name) {
-            return Err(format!(
-                "{key}.name: target name {name:?} is already used by targets[{j}]{}",
-                at_line(line_of(text, "name", &name, 1))
-            ));
+            return Err(Invalid::NameTwice {
+                line: line_of(text, "name", &name, 1),
+                key,
+                name,
+                other: j,
+            });
         }
         let size = t.size.or(d.size).map(|s| s.0).unwrap_or(defaults::SIZE);
         let rotate_size = t
@@ -500,14 +600,15 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
             .map(|s| s.0)
             .unwrap_or(defaults::ROTATE_SIZE);
         if rotate_size < size {
-            return Err(format!(
-                "{key}.rotate_size: {rotate_size} is smaller than size {size}: the append log could not hold one write{}",
-                at_line(
-                    text.lines()
-                        .position(|l| l.trim_start().starts_with("rotate_size:"))
-                        .map(|i| i + 1)
-                )
-            ));
+            return Err(Invalid::RotateSize {
+                key,
+                rotate_size,
+                size,
+                line: text
+                    .lines()
+                    .position(|l| l.trim_start().starts_with("rotate_size:"))
+                    .map(|i| i + 1),
+            });
         }
         targets.push(Target {
             name,
@@ -829,11 +930,11 @@ targets:
             assert_eq!(k.as_str().parse::<SyncKind>(), Ok(*k));
         }
         assert_eq!(
-            "bogus".parse::<Mode>().unwrap_err(),
+            "bogus".parse::<Mode>().unwrap_err().to_string(),
             "unknown mode \"bogus\": expected create, overwrite, direct, replace or append"
         );
         assert_eq!(
-            "fsink".parse::<SyncKind>().unwrap_err(),
+            "fsink".parse::<SyncKind>().unwrap_err().to_string(),
             "unknown sync \"fsink\": expected fsync or fdatasync"
         );
     }

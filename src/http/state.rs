@@ -4,12 +4,15 @@ use std::sync::{Arc, Mutex};
 
 use crate::exposition::registry::Registry;
 use crate::history::History;
+use crate::probe::supervisor::Changes;
 use crate::probe::Targets;
 use crate::sampler::Latest;
 use crate::stall::log::StallLog;
 
-/// Re-reads the configuration: what changed, or why the file was refused. Blocking.
-pub type ReloadFn = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+/// Re-reads the configuration: what changed, or why it was refused (the agent's
+/// `agent::reload::ReloadError`, which this layer below the agent only prints). Blocking.
+pub type ReloadFn =
+    Arc<dyn Fn() -> Result<Changes, Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
 
 /// What the handlers read.
 pub struct App {

@@ -763,10 +763,7 @@ mod tests {
     fn real_root_filesystem() {
         use std::os::unix::fs::MetadataExt;
         let dev = fs::metadata("/").unwrap().dev();
-        let (major, minor) = (
-            nix::sys::stat::major(dev) as u32,
-            nix::sys::stat::minor(dev) as u32,
-        );
+        let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
         let sys = Path::new("/sys");
         match resolve(sys, major, minor) {
             Err(BlockdevError::NoBlockDevice { .. }) => {

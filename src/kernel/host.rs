@@ -36,9 +36,10 @@ impl HostInfo {
         let file = |name: &'static str| read_parse(&kernel.join(name), |t| parse_line(name, t));
         let machine = match file("arch") {
             Ok(m) => m,
-            Err(e) if e.is_not_found() => nix::sys::utsname::uname()
-                .map(|u| u.machine().to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            Err(e) if e.is_not_found() => rustix::system::uname()
+                .machine()
+                .to_string_lossy()
+                .into_owned(),
             Err(e) => return Err(e),
         };
         Ok(HostInfo {
@@ -124,7 +125,7 @@ mod tests {
         // Without kernel/arch (before Linux 5.19) the machine is uname's.
         std::fs::remove_file(kernel.join("arch")).unwrap();
         let h = HostInfo::read(&roots).unwrap();
-        let uname = nix::sys::utsname::uname().unwrap();
+        let uname = rustix::system::uname();
         assert_eq!(h.machine, uname.machine().to_string_lossy());
 
         // A missing release is an error naming the file.

@@ -149,15 +149,15 @@ impl MountTable {
     /// The current mounts. A read error drops the descriptor so the next call starts over.
     pub fn current(&mut self) -> Result<&[Mount], MountsError> {
         use std::io::{Read, Seek};
-        use std::os::fd::AsFd;
         let changed = match &self.file {
             None => true,
             Some(f) => {
-                let mut fds = [nix::poll::PollFd::new(
-                    f.as_fd(),
-                    nix::poll::PollFlags::POLLPRI,
-                )];
-                match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
+                let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::PRI)];
+                let zero = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                match rustix::event::poll(&mut fds, Some(&zero)) {
                     Ok(0) => false,
                     // POLLERR|POLLPRI: changed. Any other answer: re-read to be safe.
                     _ => true,

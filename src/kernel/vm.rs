@@ -148,11 +148,7 @@ pub fn sample(proc_root: &Path, page_size: u64, with_sysctls: bool) -> Result<Vm
 
 /// The system's page size, for converting vmstat's page counts.
 pub fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .map(|v| v as u64)
-        .unwrap_or(4096)
+    rustix::param::page_size() as u64
 }
 
 #[cfg(test)]

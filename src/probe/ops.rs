@@ -6,16 +6,16 @@
 //! is touched. No descriptor outlives a cycle, so the agent never makes `umount` fail.
 
 use std::fmt;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::fcntl::{openat, renameat, OFlag};
-use nix::sys::stat::{mkdirat, Mode as FileMode};
-use nix::unistd::{fdatasync, fsync, unlinkat, UnlinkatFlags};
-use rustix::fs::{AtFlags, FileType, Statx, StatxFlags};
+use rustix::fs::{
+    fdatasync, fsync, mkdirat, openat, renameat, unlinkat, AtFlags, Dir, FileType,
+    Mode as FileMode, OFlags, Statx, StatxFlags,
+};
 
+use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op, SyncKind};
 
 /// Name of the directory the agent owns below each target path.
@@ -68,7 +68,7 @@ pub struct ProbeDir {
 pub fn mount_id(fd: impl AsFd) -> Result<u64, Errno> {
     let st = statx(fd.as_fd(), StatxFlags::MNT_ID)?;
     if st.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
-        return Err(Errno::ENOSYS);
+        return Err(Errno::NOSYS);
     }
     Ok(st.stx_mnt_id)
 }
@@ -77,7 +77,6 @@ pub fn mount_id(fd: impl AsFd) -> Result<u64, Errno> {
 /// `mask`.
 fn statx(fd: BorrowedFd<'_>, mask: StatxFlags) -> Result<Statx, Errno> {
     rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, mask)
-        .map_err(|e| Errno::from_raw(e.raw_os_error()))
 }
 
 /// The filesystem's O_DIRECT alignment (statx `STATX_DIOALIGN`, Linux 6.1+): `None`
@@ -96,10 +95,10 @@ fn direct_alignment(fd: impl AsFd) -> Option<u64> {
     }
 }
 
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 /// The probe directory could not be opened or is not safe to write into.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,10 +135,10 @@ fn open_dir(
     create: bool,
 ) -> Result<ProbeDir, PrepareError> {
     let err = |failure, context: String| PrepareError { failure, context };
-    let parent = nix::fcntl::open(path, DIR_FLAGS, FileMode::empty()).map_err(|e| {
+    let parent = rustix::fs::open(path, DIR_FLAGS, FileMode::empty()).map_err(|e| {
         // O_NOFOLLOW|O_DIRECTORY on a symlink answers ENOTDIR (or ELOOP), which would
         // send the reader looking for a file; say what it is.
-        let symlink = matches!(e, Errno::ENOTDIR | Errno::ELOOP)
+        let symlink = matches!(e, Errno::NOTDIR | Errno::LOOP)
             && path.symlink_metadata().is_ok_and(|m| m.is_symlink());
         if symlink {
             err(
@@ -170,12 +169,12 @@ fn open_dir(
     let open = || openat(&parent, PROBE_DIR, DIR_FLAGS, FileMode::empty());
     let mut created = false;
     let opened = match open() {
-        Err(Errno::ENOENT) if create => match mkdirat(&parent, PROBE_DIR, FileMode::S_IRWXU) {
+        Err(Errno::NOENT) if create => match mkdirat(&parent, PROBE_DIR, FileMode::RWXU) {
             Ok(()) => {
                 created = true;
                 open()
             }
-            Err(Errno::EEXIST) => open(),
+            Err(Errno::EXIST) => open(),
             Err(e) => {
                 return Err(err(
                     Failure::Errno(e),
@@ -188,7 +187,7 @@ fn open_dir(
     let fd = opened.map_err(|e| {
         let failure = match e {
             // O_NOFOLLOW on a symlink: ELOOP; O_DIRECTORY on a file: ENOTDIR.
-            Errno::ELOOP | Errno::ENOTDIR => Failure::UnsafeDir,
+            Errno::LOOP | Errno::NOTDIR => Failure::UnsafeDir,
             e => Failure::Errno(e),
         };
         let what = if failure == Failure::UnsafeDir {
@@ -206,7 +205,7 @@ fn open_dir(
     let pst =
         statx(parent.as_fd(), mask).map_err(|e| err(Failure::Errno(e), "stat target".into()))?;
     let mode = u32::from(st.stx_mode);
-    let euid = nix::unistd::geteuid().as_raw();
+    let euid = rustix::process::geteuid().as_raw();
     if st.stx_uid != euid || mode & 0o022 != 0 {
         return Err(err(
             Failure::UnsafeDir,
@@ -262,7 +261,7 @@ impl ProbeDir {
 
     /// Removes the files of ours that belong to the modes `which` selects.
     pub fn remove_files_of(&self, which: impl Fn(Mode) -> bool) -> usize {
-        let Ok(dir) = nix::dir::Dir::openat(&self.fd, ".", DIR_FLAGS, FileMode::empty()) else {
+        let Ok(dir) = openat(&self.fd, ".", DIR_FLAGS, FileMode::empty()).and_then(Dir::new) else {
             return 0;
         };
         let names: Vec<String> = dir
@@ -273,7 +272,7 @@ impl ProbeDir {
             .collect();
         names
             .iter()
-            .filter(|n| unlinkat(&self.fd, n.as_str(), UnlinkatFlags::NoRemoveDir).is_ok())
+            .filter(|n| unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok())
             .count()
     }
 
@@ -287,8 +286,8 @@ impl ProbeDir {
     pub fn remove_mode(self, parent: &Path, which: impl Fn(Mode) -> bool) {
         self.remove_files_of(which);
         drop(self);
-        if let Ok(p) = nix::fcntl::open(parent, DIR_FLAGS, FileMode::empty()) {
-            let _ = unlinkat(&p, PROBE_DIR, UnlinkatFlags::RemoveDir);
+        if let Ok(p) = rustix::fs::open(parent, DIR_FLAGS, FileMode::empty()) {
+            let _ = unlinkat(&p, PROBE_DIR, AtFlags::REMOVEDIR);
         }
     }
 }
@@ -377,15 +376,27 @@ fn errno(e: Errno) -> Failure {
     Failure::Errno(e)
 }
 
+/// close(2), reporting its error (dropping an `OwnedFd` ignores it).
+fn close(fd: OwnedFd) -> Result<(), Errno> {
+    // SAFETY: `into_raw_fd` gives up ownership of a valid descriptor, which is closed here
+    // exactly once and not used again.
+    unsafe { rustix::io::try_close(fd.into_raw_fd()) }
+}
+
 fn write_all_at(fd: &OwnedFd, buf: &[u8]) -> Result<(), Failure> {
-    let n = nix::sys::uio::pwrite(fd, buf, 0).map_err(errno)?;
+    let n = rustix::io::pwrite(fd, buf, 0).map_err(errno)?;
     if n != buf.len() {
         return Err(Failure::ShortWrite);
     }
     Ok(())
 }
 
-const FILE_FLAGS: OFlag = OFlag::O_NOFOLLOW.union(OFlag::O_CLOEXEC);
+/// `O_DSYNC` itself: rustix's `OFlags::DSYNC` is `O_SYNC` on Linux, which would also
+/// write the inode's timestamps on every write and so time more than a database's
+/// `O_DSYNC` write.
+const O_DSYNC: OFlags = OFlags::from_bits_retain(libc::O_DSYNC as u32);
+
+const FILE_FLAGS: OFlags = OFlags::NOFOLLOW.union(OFlags::CLOEXEC);
 
 /// Creates `name`, which must not exist yet, timed as op `create`.
 fn create_new(t: &mut Timer<'_>, dir: &ProbeDir, name: &str) -> Result<OwnedFd, OpError> {
@@ -396,8 +407,8 @@ fn create_new(t: &mut Timer<'_>, dir: &ProbeDir, name: &str) -> Result<OwnedFd, 
             openat(
                 &dir.fd,
                 name,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | FILE_FLAGS,
-                FileMode::S_IRUSR | FileMode::S_IWUSR,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | FILE_FLAGS,
+                FileMode::RUSR | FileMode::WUSR,
             )
             .map_err(errno)
         },
@@ -428,7 +439,7 @@ fn open_prealloc(
     dir: &ProbeDir,
     name: &'static str,
     size: u64,
-    extra: OFlag,
+    extra: OFlags,
 ) -> Result<OwnedFd, OpError> {
     let fd = t.run(
         Op::Prepare,
@@ -437,8 +448,8 @@ fn open_prealloc(
             let fd = openat(
                 &dir.fd,
                 name,
-                OFlag::O_WRONLY | OFlag::O_CREAT | FILE_FLAGS,
-                FileMode::S_IRUSR | FileMode::S_IWUSR,
+                OFlags::WRONLY | OFlags::CREATE | FILE_FLAGS,
+                FileMode::RUSR | FileMode::WUSR,
             )
             .map_err(errno)?;
             if own_file_size(&fd)? < size {
@@ -461,11 +472,11 @@ fn open_prealloc(
             openat(
                 &dir.fd,
                 name,
-                OFlag::O_WRONLY | FILE_FLAGS | extra,
+                OFlags::WRONLY | FILE_FLAGS | extra,
                 FileMode::empty(),
             )
             .map_err(|e| match e {
-                Errno::EINVAL => Failure::Errno(Errno::EINVAL),
+                Errno::INVAL => Failure::Errno(Errno::INVAL),
                 e => errno(e),
             })
         },
@@ -492,17 +503,17 @@ pub fn run_mode(
             let closed = t.run(
                 Op::Close,
                 || format!("close {name}"),
-                || nix::unistd::close(fd).map_err(errno),
+                || close(fd).map_err(errno),
             );
             let unlinked = t.run(
                 Op::Unlink,
                 || format!("unlink {name}"),
-                || unlinkat(&dir.fd, name.as_str(), UnlinkatFlags::NoRemoveDir).map_err(errno),
+                || unlinkat(&dir.fd, name.as_str(), AtFlags::empty()).map_err(errno),
             );
             closed.and(unlinked)?;
         }
         Mode::Overwrite => {
-            let fd = open_prealloc(&mut t, dir, OVERWRITE_FILE, spec.size, OFlag::empty())?;
+            let fd = open_prealloc(&mut t, dir, OVERWRITE_FILE, spec.size, OFlags::empty())?;
             let buf = vec![fill; spec.size as usize];
             t.run(
                 Op::Write,
@@ -532,13 +543,13 @@ pub fn run_mode(
                 dir,
                 DIRECT_FILE,
                 spec.size.div_ceil(4096) * 4096,
-                OFlag::empty(),
+                OFlags::empty(),
             )?;
             let Some(align) = direct_alignment(&plain) else {
                 return Err(OpError {
                     mode,
                     op: Op::Prepare,
-                    failure: Failure::Errno(Errno::EINVAL),
+                    failure: Failure::Errno(Errno::INVAL),
                     context: format!(
                         "this filesystem does not support direct I/O (statx reports no O_DIRECT alignment for {DIRECT_FILE})"
                     ),
@@ -551,10 +562,10 @@ pub fn run_mode(
                 dir,
                 DIRECT_FILE,
                 size,
-                OFlag::O_DIRECT | OFlag::O_DSYNC,
+                OFlags::DIRECT | O_DSYNC,
             )
             .map_err(|mut e| {
-                if e.failure == Failure::Errno(Errno::EINVAL) {
+                if e.failure == Failure::Errno(Errno::INVAL) {
                     e.context = format!(
                         "this filesystem does not support direct I/O (open of {DIRECT_FILE} with O_DIRECT|O_DSYNC refused)"
                     );
@@ -574,7 +585,7 @@ pub fn run_mode(
         }
         Mode::Replace => {
             // A temp file left by an interrupted cycle would make O_EXCL fail forever.
-            let _ = unlinkat(&dir.fd, REPLACE_TEMP, UnlinkatFlags::NoRemoveDir);
+            let _ = unlinkat(&dir.fd, REPLACE_TEMP, AtFlags::empty());
             let fd = create_new(&mut t, dir, REPLACE_TEMP)?;
             let buf = vec![fill; spec.size as usize];
             t.run(
@@ -605,7 +616,7 @@ pub fn run_mode(
             t.run(
                 Op::Write,
                 || format!("append {} bytes to {APPEND_FILE}", spec.size),
-                || match nix::unistd::write(&fd, &buf) {
+                || match rustix::io::write(&fd, &buf) {
                     Ok(n) if n == buf.len() => Ok(()),
                     Ok(_) => Err(Failure::ShortWrite),
                     Err(e) => Err(errno(e)),
@@ -627,13 +638,13 @@ pub fn run_mode(
 /// would take it past `rotate_size`, a new empty log first replaces it. Both are set-up
 /// (`prepare`), not timed ops.
 fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<OwnedFd, OpError> {
-    let append = OFlag::O_WRONLY | OFlag::O_APPEND | FILE_FLAGS;
-    let mode = FileMode::S_IRUSR | FileMode::S_IWUSR;
+    let append = OFlags::WRONLY | OFlags::APPEND | FILE_FLAGS;
+    let mode = FileMode::RUSR | FileMode::WUSR;
     let (fd, len) = t.run(
         Op::Prepare,
         || format!("open {APPEND_FILE}"),
         || {
-            let fd = openat(&dir.fd, APPEND_FILE, append | OFlag::O_CREAT, mode).map_err(errno)?;
+            let fd = openat(&dir.fd, APPEND_FILE, append | OFlags::CREATE, mode).map_err(errno)?;
             let len = own_file_size(&fd)?;
             Ok((fd, len))
         },
@@ -643,7 +654,7 @@ fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<Owned
     }
     drop(fd);
     // An earlier rotation interrupted between create and rename left this behind.
-    let _ = unlinkat(&dir.fd, APPEND_NEXT, UnlinkatFlags::NoRemoveDir);
+    let _ = unlinkat(&dir.fd, APPEND_NEXT, AtFlags::empty());
     let fd = t.run(
         Op::Prepare,
         || format!("create {APPEND_NEXT} to rotate {APPEND_FILE} at {len} bytes"),
@@ -651,7 +662,7 @@ fn open_log(t: &mut Timer<'_>, dir: &ProbeDir, spec: &CycleSpec) -> Result<Owned
             openat(
                 &dir.fd,
                 APPEND_NEXT,
-                append | OFlag::O_CREAT | OFlag::O_EXCL,
+                append | OFlags::CREATE | OFlags::EXCL,
                 mode,
             )
             .map_err(errno)
@@ -740,7 +751,7 @@ mod tests {
         std::os::unix::fs::symlink(&victim, tmp.path().join(PROBE_DIR).join(OVERWRITE_FILE))
             .unwrap();
         let e = run_mode(Mode::Overwrite, &dir, &spec(1), &NoObserver).unwrap_err();
-        assert_eq!(e.failure, Failure::Errno(Errno::ELOOP));
+        assert_eq!(e.failure, Failure::Errno(Errno::LOOP));
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
     }
 
@@ -764,7 +775,7 @@ mod tests {
         let e = open_probe_dir(Path::new("/nonexistent/stallwatch"), None)
             .err()
             .unwrap();
-        assert_eq!(e.failure, Failure::Errno(Errno::ENOENT));
+        assert_eq!(e.failure, Failure::Errno(Errno::NOENT));
     }
 
     #[test]

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::config::Target;
@@ -16,6 +15,12 @@ use crate::probe::{Context, TargetShared, Targets, Worker};
 /// How long a reload gives the lanes of a removed target to finish their cycle before
 /// their series are removed; a lane blocked longer records nothing when it returns.
 const RETIRE_GRACE: Duration = Duration::from_secs(1);
+
+/// A probe lane's thread could not be started. Not a `source`: the message carries the
+/// reason, and `main` prints the whole chain.
+#[derive(Debug, thiserror::Error)]
+#[error("spawning a probe lane: {0}")]
+pub struct SpawnError(std::io::Error);
 
 /// What a reload changed, by target name.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -74,7 +79,7 @@ impl Supervisor {
     /// Makes `wanted` the probed targets, in that order. A target whose settings are
     /// all the same keeps running untouched; a new one starts; a removed one stops; a
     /// changed one (same name, other settings) is stopped and started anew.
-    pub fn apply(&mut self, wanted: &[Target]) -> anyhow::Result<Changes> {
+    pub fn apply(&mut self, wanted: &[Target]) -> Result<Changes, SpawnError> {
         let old = self.targets.current();
         let kept = |t: &Target| old.iter().find(|o| o.target == *t).cloned();
         let mut changes = Changes::default();
@@ -132,14 +137,14 @@ impl Supervisor {
     }
 
     /// One thread per lane: targets x modes, whatever happens to the probed filesystems.
-    fn spawn(&mut self, t: &Arc<TargetShared>) -> anyhow::Result<()> {
+    fn spawn(&mut self, t: &Arc<TargetShared>) -> Result<(), SpawnError> {
         for (i, lane) in t.lanes.iter().enumerate() {
             let worker = Worker::new(Arc::clone(t), i, Arc::clone(&self.ctx));
             // Thread names are cut at 15 bytes: the target's number and the mode.
             let h = std::thread::Builder::new()
                 .name(format!("p{}-{}", t.index, lane.mode))
                 .spawn(move || worker.run())
-                .context("spawning a probe lane")?;
+                .map_err(SpawnError)?;
             self.threads.push((Arc::clone(t), i, h));
         }
         Ok(())

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use nix::errno::Errno;
 use tracing::{info, warn};
 
 use super::ops::{self, probe_dir_of, Observer, OpError};
 use super::target::{Context, Lane, Outcome, TargetShared};
+use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::stall::log::{FinishedCall, LaneKey};
@@ -197,7 +197,7 @@ impl Worker {
             }
         };
         m.set_lane_up(name, mode, outcome == Outcome::Ok);
-        let erofs = matches!(&result, Err(e) if e.failure == Failure::Errno(Errno::EROFS));
+        let erofs = matches!(&result, Err(e) if e.failure == Failure::Errno(Errno::ROFS));
         let changed = {
             let mut s = lock(&lane.state);
             s.erofs = erofs;

@@ -761,7 +761,7 @@ mod tests {
     fn returned_between_ticks_is_counted_on_return_and_ring_is_bounded() {
         let log = setup();
         for seq in 1..=3 {
-            let eio = Some(Failure::Errno(nix::errno::Errno::EIO));
+            let eio = Some(Failure::Errno(crate::base::errno::Errno::IO));
             log.finished(key(), call(seq, Duration::from_millis(700), eio), &[]);
         }
         assert_eq!(counted(&log), 3);

@@ -280,7 +280,7 @@ pub struct LaneWaits {
 impl LaneWaits {
     /// Records the calling thread as the lane's thread.
     pub fn set_tid_here(&self) {
-        let tid = nix::unistd::gettid().as_raw() as u32;
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
         self.tid.store(tid, Ordering::Relaxed);
     }
 

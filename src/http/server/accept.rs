@@ -122,9 +122,7 @@ pub async fn serve(
                 Err(e) => {
                     // Out of descriptors: free one and pause, rather than spin on accept.
                     let errno = e.raw_os_error();
-                    if errno == Some(nix::errno::Errno::EMFILE as i32)
-                        || errno == Some(nix::errno::Errno::ENFILE as i32)
-                    {
+                    if errno == Some(libc::EMFILE) || errno == Some(libc::ENFILE) {
                         srv.conns.evict_oldest_idle();
                         srv.conns.warn_throttled("accept: out of file descriptors; closed the oldest idle connection");
                     } else {

@@ -8,8 +8,10 @@
 use std::net::TcpListener;
 use std::os::fd::{FromRawFd as _, RawFd};
 
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use nix::sys::socket::{getsockopt, sockopt, AddressFamily, SockType, SockaddrLike as _};
+use rustix::io::FdFlags;
+use rustix::net::{sockopt, AddressFamily, SocketType};
+
+use crate::base::errno::Named;
 
 /// First passed descriptor (`SD_LISTEN_FDS_START`).
 pub const LISTEN_FDS_START: RawFd = 3;
@@ -76,25 +78,53 @@ fn take_listener(fd: RawFd) -> Result<TcpListener, ActivationError> {
     // SAFETY: systemd passed this descriptor to us (LISTEN_PID is ours); nothing else in
     // this process owns it. Borrowed only for the checks, owned below once they pass.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let flags = fcntl(borrowed, FcntlArg::F_GETFD).map_err(|e| not(format!("not open ({e})")))?;
-    let cloexec = FdFlag::from_bits_truncate(flags) | FdFlag::FD_CLOEXEC;
-    fcntl(borrowed, FcntlArg::F_SETFD(cloexec)).map_err(|e| not(format!("unusable ({e})")))?;
+    let flags =
+        rustix::io::fcntl_getfd(borrowed).map_err(|e| not(format!("not open ({})", Named(e))))?;
+    rustix::io::fcntl_setfd(borrowed, flags | FdFlags::CLOEXEC)
+        .map_err(|e| not(format!("unusable ({})", Named(e))))?;
     let ty =
-        getsockopt(&borrowed, sockopt::SockType).map_err(|e| not(format!("not a socket ({e})")))?;
-    if ty != SockType::Stream {
-        return Err(not(format!("a {ty:?} socket")));
+        sockopt::socket_type(borrowed).map_err(|e| not(format!("not a socket ({})", Named(e))))?;
+    if ty != SocketType::STREAM {
+        return Err(not(format!("a {} socket", type_name(ty))));
     }
-    if !getsockopt(&borrowed, sockopt::AcceptConn).unwrap_or(false) {
+    if !sockopt::socket_acceptconn(borrowed).unwrap_or(false) {
         return Err(not("a socket that is not listening".into()));
     }
-    let family = nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd)
+    let family = rustix::net::getsockname(borrowed)
         .ok()
-        .and_then(|a| a.family());
-    if !matches!(family, Some(AddressFamily::Inet | AddressFamily::Inet6)) {
-        return Err(not(format!("a {family:?} socket")));
+        .map(|a| a.address_family());
+    if !matches!(family, Some(AddressFamily::INET | AddressFamily::INET6)) {
+        return Err(not(format!("a {} socket", family_name(family))));
     }
     // SAFETY: as above; from here on the listener owns (and eventually closes) it.
     Ok(unsafe { TcpListener::from_raw_fd(fd) })
+}
+
+/// A socket type as the refusal names it (`Datagram`).
+fn type_name(ty: SocketType) -> String {
+    match ty {
+        SocketType::STREAM => "Stream".into(),
+        SocketType::DGRAM => "Datagram".into(),
+        SocketType::SEQPACKET => "SeqPacket".into(),
+        SocketType::RAW => "Raw".into(),
+        SocketType::RDM => "Rdm".into(),
+        other => format!("type {}", other.as_raw()),
+    }
+}
+
+/// An address family as the refusal names it (`Some(Unix)`, `None` when unknown).
+fn family_name(family: Option<AddressFamily>) -> String {
+    let name = match family {
+        None => return "None".into(),
+        Some(AddressFamily::UNIX) => "Unix",
+        Some(AddressFamily::INET) => "Inet",
+        Some(AddressFamily::INET6) => "Inet6",
+        Some(AddressFamily::NETLINK) => "Netlink",
+        Some(AddressFamily::PACKET) => "Packet",
+        Some(AddressFamily::VSOCK) => "Vsock",
+        Some(other) => return format!("Some(family {})", other.as_raw()),
+    };
+    format!("Some({name})")
 }
 
 #[cfg(test)]

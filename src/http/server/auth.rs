@@ -18,6 +18,21 @@ const AUTH_CACHE_SIZE: usize = 128;
 /// than silently truncated.
 const BCRYPT_MAX_PASSWORD: usize = 72;
 
+/// A `basic_auth_users` entry that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("basic_auth_users: {user}: not a bcrypt hash ({error})")]
+    NotBcrypt {
+        user: String,
+        error: bcrypt::BcryptError,
+    },
+    #[error("basic_auth_users: {user}: bcrypt cost {cost} outside 4..31")]
+    Cost { user: String, cost: u32 },
+    /// The hash for unknown users could not be made.
+    #[error("basic_auth_users: {0}")]
+    Decoy(bcrypt::BcryptError),
+}
+
 /// The configured users and what has been verified for them.
 pub(super) struct BasicAuth {
     users: HashMap<String, String>,
@@ -30,22 +45,24 @@ pub(super) struct BasicAuth {
 }
 
 impl BasicAuth {
-    pub fn new(users: BTreeMap<String, String>) -> Result<BasicAuth, String> {
+    pub fn new(users: BTreeMap<String, String>) -> Result<BasicAuth, AuthError> {
         let mut max_cost = 4;
         for (user, hash) in &users {
-            let parts: bcrypt::HashParts = hash
-                .parse()
-                .map_err(|e| format!("basic_auth_users: {user}: not a bcrypt hash ({e})"))?;
+            let parts: bcrypt::HashParts = hash.parse().map_err(|error| AuthError::NotBcrypt {
+                user: user.clone(),
+                error,
+            })?;
             let cost = parts.get_cost();
             if !(4..=31).contains(&cost) {
-                return Err(format!(
-                    "basic_auth_users: {user}: bcrypt cost {cost} outside 4..31"
-                ));
+                return Err(AuthError::Cost {
+                    user: user.clone(),
+                    cost,
+                });
             }
             max_cost = max_cost.max(cost);
         }
-        let decoy_hash = bcrypt::hash(b"stallwatch decoy password", max_cost)
-            .map_err(|e| format!("basic_auth_users: {e}"))?;
+        let decoy_hash =
+            bcrypt::hash(b"stallwatch decoy password", max_cost).map_err(AuthError::Decoy)?;
         Ok(BasicAuth {
             users: users.into_iter().collect(),
             decoy_hash,

@@ -13,19 +13,18 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use strum::VariantArray as _;
 
 use super::pem::Pem;
+use super::tls_error::TlsError;
 
 /// The CA certificates client certificates are verified against.
-pub(super) fn roots(ca: &Pem) -> Result<Arc<RootCertStore>, String> {
+pub(super) fn roots(ca: &Pem) -> Result<Arc<RootCertStore>, TlsError> {
     let pem = ca.read("client_ca_file")?;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("tls_server_config: client CA: {e:?}"))?;
+        .map_err(TlsError::ClientCa)?;
     let mut roots = RootCertStore::empty();
     let (added, _) = roots.add_parsable_certificates(certs);
     if added == 0 {
-        return Err(
-            "tls_server_config: no usable CA certificate in client_ca or client_ca_file".into(),
-        );
+        return Err(TlsError::NoClientCa);
     }
     Ok(Arc::new(roots))
 }
@@ -55,21 +54,18 @@ pub(super) fn verifier(
     roots: Option<Arc<RootCertStore>>,
     allowed_sans: Option<&[String]>,
     provider: &Arc<CryptoProvider>,
-) -> Result<Arc<dyn ClientCertVerifier>, String> {
-    let verified = |optional: bool| -> Result<Arc<dyn ClientCertVerifier>, String> {
-        let roots = roots.clone().ok_or_else(|| {
-            format!(
-                "tls_server_config: client_auth_type {auth_type} needs client_ca_file or client_ca"
-            )
-        })?;
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let verified = |optional: bool| -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+        let roots = roots
+            .clone()
+            .ok_or_else(|| TlsError::ClientCaNeeded(auth_type.to_owned()))?;
         let b = WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(provider));
         let b = if optional {
             b.allow_unauthenticated()
         } else {
             b
         };
-        b.build()
-            .map_err(|e| format!("tls_server_config: client CA: {e}"))
+        b.build().map_err(TlsError::ClientVerifier)
     };
     let any = |mandatory: bool| -> Arc<dyn ClientCertVerifier> {
         Arc::new(AnyClientCert {
@@ -84,16 +80,16 @@ pub(super) fn verifier(
                 .iter()
                 .map(|t| t.as_str())
                 .collect();
-            format!(
-                "tls_server_config.client_auth_type: invalid {name:?}; one of {}",
-                names.join(", ")
-            )
+            TlsError::ClientAuthType {
+                name: name.to_owned(),
+                expected: names.join(", "),
+            }
         })?,
     };
     let (verifier, mandatory) = match parsed {
         ClientAuthType::NoClientCert => {
             if roots.is_some() {
-                return Err("tls_server_config: client CA's have been configured without a client_auth_type".into());
+                return Err(TlsError::CaWithoutAuthType);
             }
             (WebPkiClientVerifier::no_client_auth(), false)
         }
@@ -106,18 +102,11 @@ pub(super) fn verifier(
         return Ok(verifier);
     };
     if !mandatory {
-        return Err(
-            "tls_server_config: client_allowed_sans requires client_auth_type \
-                    RequireAnyClientCert or RequireAndVerifyClientCert"
-                .into(),
-        );
+        return Err(TlsError::SansNeedCertificate);
     }
     for s in sans {
         if s.contains('@') && !s.contains(':') {
-            return Err(format!(
-                "tls_server_config.client_allowed_sans: {s:?}: e-mail SANs are not supported; \
-                 use DNS names, IP addresses or URIs"
-            ));
+            return Err(TlsError::EmailSan(s.clone()));
         }
     }
     Ok(Arc::new(SanCheck {
@@ -285,13 +274,16 @@ mod tests {
             assert_eq!(v.client_auth_mandatory(), mandatory, "{name:?}");
         }
         assert_eq!(
-            verifier("requireanyclientcert", None, None, &p).unwrap_err(),
+            verifier("requireanyclientcert", None, None, &p)
+                .unwrap_err()
+                .to_string(),
             "tls_server_config.client_auth_type: invalid \"requireanyclientcert\"; one of \
              NoClientCert, RequestClientCert, RequireAnyClientCert, VerifyClientCertIfGiven, \
              RequireAndVerifyClientCert"
         );
         assert!(verifier("VerifyClientCertIfGiven", None, None, &p)
             .unwrap_err()
+            .to_string()
             .contains("VerifyClientCertIfGiven needs client_ca_file"));
     }
 }

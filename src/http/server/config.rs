@@ -6,19 +6,61 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header::{HeaderName, HeaderValue};
+use axum::http::header::{HeaderName, HeaderValue, InvalidHeaderName, InvalidHeaderValue};
 
-use super::auth::BasicAuth;
+use super::auth::{AuthError, BasicAuth};
 use super::file::{FileConfig, GoDuration, RateLimitFile};
 use super::limits::RateLimiter;
 use super::tls::{self, Tls};
+use super::tls_error::TlsError;
 
 /// A web config file that was refused.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid web config file {}: {message}", path.display())]
-pub struct WebConfigError {
-    pub path: PathBuf,
-    pub message: String,
+pub enum WebConfigError {
+    #[error("invalid web config file {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("invalid web config file {}: {error}", path.display())]
+    Invalid { path: PathBuf, error: Invalid },
+}
+
+/// What is wrong in a web config file.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    /// Syntax, an unknown key or a value of the wrong type: the parser's message.
+    #[error("{0}")]
+    Syntax(yaml_serde::Error),
+    #[error("http_server_config.headers: HTTP header {0:?} can not be configured")]
+    Header(String),
+    #[error(
+        "http_server_config.headers: invalid value for {name}: expected one of {allowed:?}, got {value:?}"
+    )]
+    HeaderValue {
+        name: String,
+        allowed: &'static [&'static str],
+        value: String,
+    },
+    #[error("{name}: {error}")]
+    HeaderName {
+        name: String,
+        error: InvalidHeaderName,
+    },
+    #[error("{name}: {error}")]
+    HeaderText {
+        name: String,
+        error: InvalidHeaderValue,
+    },
+    #[error("rate_limit.interval: {text:?}: {error}")]
+    RateLimitInterval {
+        text: String,
+        error: humantime::DurationError,
+    },
+    #[error("{0}")]
+    Auth(#[from] AuthError),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// Headers the toolkit lets a web config set, with the values it allows (None: any).
@@ -52,19 +94,21 @@ impl WebConfig {
     /// Reads and checks `path`, the certificates and keys it names (relative to its own
     /// directory) and the password hashes, so that a bad file is refused at start.
     pub fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-        let err = |message: String| WebConfigError {
+        let text = std::fs::read_to_string(path).map_err(|error| WebConfigError::Read {
             path: path.to_path_buf(),
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+            error,
+        })?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        WebConfig::parse(&text, dir).map_err(err)
+        WebConfig::parse(&text, dir).map_err(|error| WebConfigError::Invalid {
+            path: path.to_path_buf(),
+            error,
+        })
     }
 
     /// Parses `text`; relative file names are taken relative to `dir`.
-    pub fn parse(text: &str, dir: &Path) -> Result<WebConfig, String> {
+    pub fn parse(text: &str, dir: &Path) -> Result<WebConfig, Invalid> {
         let file: FileConfig = yaml_serde::from_str::<Option<FileConfig>>(text)
-            .map_err(|e| e.to_string())?
+            .map_err(Invalid::Syntax)?
             .unwrap_or_default();
         let headers = check_headers(
             &file
@@ -103,37 +147,42 @@ impl WebConfig {
 
 fn check_headers(
     headers: &BTreeMap<String, String>,
-) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+) -> Result<Vec<(HeaderName, HeaderValue)>, Invalid> {
     let mut out = Vec::new();
     for (k, v) in headers {
         // The toolkit compares names exactly, so do we: a file that passes promtool passes here.
         let Some((_, allowed)) = EXTRA_HEADERS.iter().find(|(name, _)| name == k) else {
-            return Err(format!(
-                "http_server_config.headers: HTTP header {k:?} can not be configured"
-            ));
+            return Err(Invalid::Header(k.clone()));
         };
         if let Some(allowed) = allowed {
             if !allowed.contains(&v.as_str()) {
-                return Err(format!(
-                    "http_server_config.headers: invalid value for {k}: expected one of {allowed:?}, got {v:?}"
-                ));
+                return Err(Invalid::HeaderValue {
+                    name: k.clone(),
+                    allowed,
+                    value: v.clone(),
+                });
             }
         }
-        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("{k}: {e}"))?;
-        let value = HeaderValue::from_str(v).map_err(|e| format!("{k}: {e}"))?;
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|error| Invalid::HeaderName {
+            name: k.clone(),
+            error,
+        })?;
+        let value = HeaderValue::from_str(v).map_err(|error| Invalid::HeaderText {
+            name: k.clone(),
+            error,
+        })?;
         out.push((name, value));
     }
     Ok(out)
 }
 
 /// `rate_limit` without an interval, or with a zero one, means no limit (the toolkit's rule).
-fn rate_limiter(r: RateLimitFile) -> Result<Option<RateLimiter>, String> {
+fn rate_limiter(r: RateLimitFile) -> Result<Option<RateLimiter>, Invalid> {
     let interval = match r.interval {
         None => return Ok(None),
         Some(GoDuration::Nanos(n)) => Duration::from_nanos(n),
-        Some(GoDuration::Text(s)) => {
-            humantime::parse_duration(&s).map_err(|e| format!("rate_limit.interval: {s:?}: {e}"))?
-        }
+        Some(GoDuration::Text(s)) => humantime::parse_duration(&s)
+            .map_err(|error| Invalid::RateLimitInterval { text: s, error })?,
     };
     if interval.is_zero() {
         return Ok(None);
@@ -146,7 +195,7 @@ pub(super) mod tests {
     use super::*;
 
     pub(in crate::http::server) fn parse(yaml: &str) -> Result<WebConfig, String> {
-        WebConfig::parse(yaml, Path::new("/nonexistent"))
+        WebConfig::parse(yaml, Path::new("/nonexistent")).map_err(|e| e.to_string())
     }
 
     pub(in crate::http::server) fn err(yaml: &str) -> String {
@@ -195,14 +244,16 @@ pub(super) mod tests {
             Path::new("/etc/stallwatch-test-dir"),
         )
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.contains("/etc/stallwatch-test-dir/sub/c.pem"), "{e}");
         let e = WebConfig::parse(
             "tls_server_config:\n  cert_file: /abs/c.pem\n  key_file: k.pem\n",
             Path::new("/etc/x"),
         )
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.contains("/abs/c.pem"), "{e}");
     }
 

@@ -6,7 +6,8 @@
 //!
 //! `activation` takes the sockets systemd passes (`--web.systemd-socket`); `file` is the
 //! file as written and `config` reads it into a ready `WebConfig`; `tls`, `pem` and
-//! `client_cert` turn its TLS section into rustls terms; `auth` checks passwords;
+//! `client_cert` turn its TLS section into rustls terms (`tls_error` says why one is
+//! refused); `auth` checks passwords;
 //! `limits` holds what one client may hold; `reply` is the server's own plain answers;
 //! `accept` runs the accept loop and each connection.
 
@@ -20,8 +21,11 @@ mod limits;
 mod pem;
 mod reply;
 mod tls;
+mod tls_error;
 
 pub use accept::serve;
 pub use activation::{systemd_listeners, ActivationError};
-pub use config::{WebConfig, WebConfigError};
+pub use auth::AuthError;
+pub use config::{Invalid, WebConfig, WebConfigError};
 pub use limits::{Limits, DEFAULT_MAX_REQUESTS};
+pub use tls_error::TlsError;

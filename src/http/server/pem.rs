@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::tls_error::TlsError;
+
 /// Where a certificate or key comes from: a file is re-read when it changes (certificate
 /// rotation without a restart, as the toolkit does), inline text never changes.
 #[derive(Debug, Clone)]
@@ -23,9 +25,13 @@ impl Pem {
         }
     }
 
-    pub(super) fn read(&self, what: &str) -> Result<Vec<u8>, String> {
+    pub(super) fn read(&self, what: &'static str) -> Result<Vec<u8>, TlsError> {
         match self {
-            Pem::File(p) => std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display())),
+            Pem::File(p) => std::fs::read(p).map_err(|error| TlsError::Read {
+                what,
+                path: p.clone(),
+                error,
+            }),
             Pem::Inline(s) => Ok(s.as_bytes().to_vec()),
         }
     }

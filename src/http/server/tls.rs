@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::client_cert;
 use super::file::TlsFile;
 use super::pem::Pem;
+use super::tls_error::TlsError;
 use crate::base::sync::lock;
 
 /// How often the certificate files are checked for a change: a replaced certificate is
@@ -64,7 +65,7 @@ pub(super) struct CertWatch {
 }
 
 /// The rustls server configuration for `t`; None when the section sets nothing.
-pub(super) fn server_config(t: TlsFile, dir: &Path) -> Result<Option<Tls>, String> {
+pub(super) fn server_config(t: TlsFile, dir: &Path) -> Result<Option<Tls>, TlsError> {
     let enabled = [
         &t.cert,
         &t.key,
@@ -79,10 +80,8 @@ pub(super) fn server_config(t: TlsFile, dir: &Path) -> Result<Option<Tls>, Strin
     if !enabled {
         return Ok(None);
     }
-    let cert = Pem::pick(&t.cert_file, &t.cert, dir)
-        .ok_or("tls_server_config: missing one of cert or cert_file")?;
-    let key = Pem::pick(&t.key_file, &t.key, dir)
-        .ok_or("tls_server_config: missing one of key or key_file")?;
+    let cert = Pem::pick(&t.cert_file, &t.cert, dir).ok_or(TlsError::MissingCert)?;
+    let key = Pem::pick(&t.key_file, &t.key, dir).ok_or(TlsError::MissingKey)?;
 
     let mut provider = rustls::crypto::ring::default_provider();
     if !t.cipher_suites.is_empty() {
@@ -107,7 +106,7 @@ pub(super) fn server_config(t: TlsFile, dir: &Path) -> Result<Option<Tls>, Strin
     )?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
-        .map_err(|e| format!("tls_server_config: {e}"))?
+        .map_err(TlsError::Versions)?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::clone(&certs) as Arc<dyn ResolvesServerCert>);
     // The toolkit's default: the server's cipher order wins.
@@ -144,13 +143,11 @@ const GO_CIPHER_SUITES: &[&str] = &[
 fn cipher_suites(
     names: &[String],
     all: &[rustls::SupportedCipherSuite],
-) -> Result<Vec<rustls::SupportedCipherSuite>, String> {
+) -> Result<Vec<rustls::SupportedCipherSuite>, TlsError> {
     let mut tls12 = Vec::new();
     for n in names {
         if !GO_CIPHER_SUITES.contains(&n.as_str()) {
-            return Err(format!(
-                "tls_server_config.cipher_suites: unknown cipher: {n}"
-            ));
+            return Err(TlsError::UnknownCipher(n.clone()));
         }
         if let Some(s) = all.iter().find(|s| {
             s.version() == &rustls::version::TLS12 && s.suite().as_str() == Some(n.as_str())
@@ -161,10 +158,7 @@ fn cipher_suites(
         }
     }
     if tls12.is_empty() {
-        return Err(format!(
-            "tls_server_config.cipher_suites: none of {names:?} is available here; \
-             use ECDHE suites with AES-GCM or ChaCha20-Poly1305"
-        ));
+        return Err(TlsError::NoCipher(names.to_vec()));
     }
     let mut out: Vec<_> = all
         .iter()
@@ -178,7 +172,7 @@ fn cipher_suites(
 fn curves(
     names: &[String],
     all: &[&'static dyn rustls::crypto::SupportedKxGroup],
-) -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, String> {
+) -> Result<Vec<&'static dyn rustls::crypto::SupportedKxGroup>, TlsError> {
     use rustls::NamedGroup;
     let mut out = Vec::new();
     for n in names {
@@ -187,21 +181,14 @@ fn curves(
             "CurveP384" => NamedGroup::secp384r1,
             "CurveP521" => NamedGroup::secp521r1,
             "X25519" => NamedGroup::X25519,
-            _ => {
-                return Err(format!(
-                    "tls_server_config.curve_preferences: unknown curve: {n}"
-                ))
-            }
+            _ => return Err(TlsError::UnknownCurve(n.clone())),
         };
         if let Some(g) = all.iter().find(|g| g.name() == group) {
             out.push(*g);
         }
     }
     if out.is_empty() {
-        return Err(format!(
-            "tls_server_config.curve_preferences: none of {names:?} is available here; \
-             use X25519, CurveP256 or CurveP384"
-        ));
+        return Err(TlsError::NoCurve(names.to_vec()));
     }
     Ok(out)
 }
@@ -210,29 +197,27 @@ fn curves(
 fn versions(
     min: Option<&str>,
     max: Option<&str>,
-) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, String> {
-    let rank = |v: Option<&str>, default: u8, key: &str| -> Result<u8, String> {
+) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, TlsError> {
+    let rank = |v: Option<&str>, default: u8, key: &'static str| -> Result<u8, TlsError> {
         match v {
             None => Ok(default),
             Some("TLS10") => Ok(10),
             Some("TLS11") => Ok(11),
             Some("TLS12") => Ok(12),
             Some("TLS13") => Ok(13),
-            Some(other) => Err(format!(
-                "tls_server_config.{key}: unknown TLS version: {other}"
-            )),
+            Some(other) => Err(TlsError::UnknownVersion {
+                key,
+                version: other.to_owned(),
+            }),
         }
     };
     let lo = rank(min, 12, "min_version")?;
     let hi = rank(max, 13, "max_version")?;
     if hi < 12 {
-        return Err(
-            "tls_server_config.max_version: below TLS12, which is the least this server speaks"
-                .into(),
-        );
+        return Err(TlsError::MaxBelowTls12);
     }
     if lo > hi {
-        return Err("tls_server_config: min_version is above max_version".into());
+        return Err(TlsError::MinAboveMax);
     }
     let mut v = Vec::new();
     if hi >= 13 {
@@ -248,19 +233,17 @@ fn load_certified_key(
     cert: &Pem,
     key: &Pem,
     provider: &CryptoProvider,
-) -> Result<CertifiedKey, String> {
+) -> Result<CertifiedKey, TlsError> {
     let cert_pem = cert.read("cert_file")?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("tls_server_config: certificate: {e:?}"))?;
+        .map_err(TlsError::Certificate)?;
     if chain.is_empty() {
-        return Err("tls_server_config: no PEM certificate in cert or cert_file".into());
+        return Err(TlsError::NoCertificate);
     }
     let key_pem = key.read("key_file")?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| format!("tls_server_config: private key: {e:?}"))?;
-    CertifiedKey::from_der(chain, key, provider)
-        .map_err(|e| format!("tls_server_config: certificate and key: {e}"))
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(TlsError::PrivateKey)?;
+    CertifiedKey::from_der(chain, key, provider).map_err(TlsError::CertifiedKey)
 }
 
 /// Modification times of the certificate and key files when they were last read.
@@ -278,7 +261,7 @@ struct CertResolver {
 }
 
 impl CertResolver {
-    fn new(cert: Pem, key: Pem, provider: Arc<CryptoProvider>) -> Result<CertResolver, String> {
+    fn new(cert: Pem, key: Pem, provider: Arc<CryptoProvider>) -> Result<CertResolver, TlsError> {
         let stamp = (cert.modified(), key.modified());
         let current = Arc::new(load_certified_key(&cert, &key, &provider)?);
         Ok(CertResolver {
@@ -325,7 +308,10 @@ mod tests {
 
     #[test]
     fn bad_tls_options_are_refused() {
-        assert!(versions(Some("TLS14"), None).unwrap_err().contains("TLS14"));
+        assert!(versions(Some("TLS14"), None)
+            .unwrap_err()
+            .to_string()
+            .contains("TLS14"));
         assert!(versions(Some("TLS13"), Some("TLS12")).is_err());
         assert!(versions(None, Some("TLS11")).is_err());
         assert_eq!(versions(Some("TLS10"), None).unwrap().len(), 2);
@@ -333,10 +319,12 @@ mod tests {
         let p = rustls::crypto::ring::default_provider();
         assert!(cipher_suites(&["TLS_FOO".into()], &p.cipher_suites)
             .unwrap_err()
+            .to_string()
             .contains("unknown cipher"));
         assert!(
             cipher_suites(&["TLS_RSA_WITH_AES_128_CBC_SHA".into()], &p.cipher_suites)
                 .unwrap_err()
+                .to_string()
                 .contains("none of")
         );
         let s = cipher_suites(
