@@ -283,7 +283,14 @@ pub mod defaults {
 }
 
 /// Paths the HTTP side serves itself; the telemetry path may not shadow them.
-const RESERVED_PATHS: [&str; 5] = ["/", "/healthz", "/api/stalls", "/api/history", "/-/reload"];
+const RESERVED_PATHS: [&str; 6] = [
+    "/",
+    "/healthz",
+    "/api/stalls",
+    "/api/history",
+    "/stalls",
+    "/-/reload",
+];
 
 /// Where the configuration comes from, at start and at every reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -428,9 +435,10 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, String> {
         || RESERVED_PATHS.contains(&telemetry_path.as_str())
         || telemetry_path.starts_with("/assets/")
         || telemetry_path.starts_with("/api/stalls/")
+        || telemetry_path.starts_with("/stalls/")
     {
         return Err(format!(
-            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/ or /api/stalls/{}",
+            "telemetry_path: {telemetry_path:?} must start with /, differ from {} and not be under /assets/, /api/stalls/ or /stalls/{}",
             RESERVED_PATHS.join(", "),
             at_line(line_of(text, "telemetry_path", &telemetry_path, 0))
         ));
@@ -790,6 +798,14 @@ targets:
             (
                 "telemetry_path: /api/stalls/{id}\ntargets:\n  - path: /a\n",
                 &["telemetry_path", "/api/stalls/", "line 1"],
+            ),
+            (
+                "telemetry_path: /stalls\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "/stalls", "line 1"],
+            ),
+            (
+                "telemetry_path: /stalls/019ae3f2c1b0-7f3a09c2-42\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "/stalls/", "line 1"],
             ),
             (
                 "stall_log_size: 0\ntargets:\n  - path: /a\n",
