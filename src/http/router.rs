@@ -267,12 +267,19 @@ mod tests {
     async fn the_stall_list_filters_by_target_and_says_so() {
         let app = state();
         let (_, _, all) = get(&app, Method::GET, "/stalls").await;
-        assert_eq!(all.matches("<tr").count(), 3, "header and two events: {all}");
+        assert_eq!(
+            all.matches("<tr").count(),
+            3,
+            "header and two events: {all}"
+        );
         let (status, _, html) = get(&app, Method::GET, "/stalls?target=wal").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(html.matches("<tr").count(), 3, "{html}");
         assert!(html.contains("Only the stalls of target wal."), "{html}");
-        assert!(html.contains("<a href=\"/stalls\">All targets</a>"), "{html}");
+        assert!(
+            html.contains("<a href=\"/stalls\">All targets</a>"),
+            "{html}"
+        );
         let (status, _, html) = get(&app, Method::GET, "/stalls?target=data").await;
         assert_eq!(status, StatusCode::OK);
         assert!(!html.contains("<table"), "{html}");
@@ -305,12 +312,16 @@ mod tests {
             assert_eq!(status, StatusCode::OK, "{path}");
             assert!(!html.contains("<script>"), "{path}: {html}");
             assert!(
-                html.contains("&#60;script&#62;alert(&#39;x&#39;)&#60;/script&#62;&#38;&#34;q&#34;"),
+                html.contains(
+                    "&#60;script&#62;alert(&#39;x&#39;)&#60;/script&#62;&#38;&#34;q&#34;"
+                ),
                 "{path}: {html}"
             );
             // The filter link carries the name as a query value.
             assert!(
-                html.contains("/stalls?target=%3Cscript%3Ealert%28%27x%27%29%3C%2Fscript%3E%26%22q%22"),
+                html.contains(
+                    "/stalls?target=%3Cscript%3Ealert%28%27x%27%29%3C%2Fscript%3E%26%22q%22"
+                ),
                 "{path}: {html}"
             );
         }

@@ -93,7 +93,11 @@ pub(super) async fn list(State(app): State<Arc<App>>, Query(q): Query<ListQuery>
             started: utc(e.started_at),
             target_href: target_href(&e.target),
             op: format!("{} {}", e.mode, e.op),
-            duration: held(&e),
+            duration: format!(
+                "{}{}",
+                duration(e.duration_seconds),
+                if e.ongoing { " so far" } else { "" }
+            ),
             ongoing: e.ongoing,
             cause: e.cause.as_str(),
             verdict: e.verdict,
@@ -201,20 +205,34 @@ fn chart(d: &DeviceFigures) -> Option<Chart> {
     let iv = &d.intervals;
     let last = iv.last()?;
     let span = (last.start_seconds + last.seconds).max(0.001);
-    let (left, plot) = (170u32, 600u32);
+    let (left, plot) = (170u32, 900u32);
     let x = |s: f64| left as f64 + s / span * plot as f64;
     type Get = fn(&crate::stall::evidence::DeviceInterval) -> Option<f64>;
     let specs: [(&str, &str, Get, fn(f64) -> String); 4] = [
-        ("write throughput", "bps", |i| Some(i.write_bytes_per_second), |v| {
-            format!("{}/s", decimal_bytes(v))
-        }),
-        ("write latency", "lat", |i| i.write_latency_seconds, duration),
-        ("utilisation", "util", |i| Some(i.utilisation), |v| {
-            format!("{:.0} %", v * 100.0)
-        }),
-        ("cache flushes", "flush", |i| i.flushes.map(|n| n as f64), |v| {
-            format!("{v:.0}")
-        }),
+        (
+            "write throughput",
+            "bps",
+            |i| Some(i.write_bytes_per_second),
+            |v| format!("{}/s", decimal_bytes(v)),
+        ),
+        (
+            "write latency",
+            "lat",
+            |i| i.write_latency_seconds,
+            duration,
+        ),
+        (
+            "utilisation",
+            "util",
+            |i| Some(i.utilisation),
+            |v| format!("{:.0} %", v * 100.0),
+        ),
+        (
+            "cache flushes",
+            "flush",
+            |i| i.flushes.map(|n| n as f64),
+            |v| format!("{v:.0}"),
+        ),
     ];
     let mut panels = Vec::new();
     let mut y = 8u32;
@@ -229,7 +247,13 @@ fn chart(d: &DeviceFigures) -> Option<Chart> {
             .iter()
             .filter_map(|i| {
                 let v = get(i)?;
-                let h = if top > 0.0 { v / top * PANEL_H as f64 } else { 0.0 };
+                // A zero is a 1 px line: the interval was read, and was nothing.
+                let h = if top > 0.0 {
+                    v / top * PANEL_H as f64
+                } else {
+                    0.0
+                }
+                .max(1.0);
                 let (x0, x1) = (x(i.start_seconds), x(i.start_seconds + i.seconds));
                 Some((
                     format!("{x0:.1}"),
@@ -365,20 +389,32 @@ fn journal_view(e: &StallEvent) -> Option<JournalView> {
                 s(a.commit_seconds_avg),
                 s(b.commit_seconds_avg),
             ),
-            ("waiting", s(a.waiting_seconds_avg), s(b.waiting_seconds_avg)),
+            (
+                "waiting",
+                s(a.waiting_seconds_avg),
+                s(b.waiting_seconds_avg),
+            ),
             (
                 "request delay",
                 s(a.request_delay_seconds_avg),
                 s(b.request_delay_seconds_avg),
             ),
-            ("running", s(a.running_seconds_avg), s(b.running_seconds_avg)),
+            (
+                "running",
+                s(a.running_seconds_avg),
+                s(b.running_seconds_avg),
+            ),
             ("locked", s(a.locked_seconds_avg), s(b.locked_seconds_avg)),
             (
                 "flushing",
                 s(a.flushing_seconds_avg),
                 s(b.flushing_seconds_avg),
             ),
-            ("logging", s(a.logging_seconds_avg), s(b.logging_seconds_avg)),
+            (
+                "logging",
+                s(a.logging_seconds_avg),
+                s(b.logging_seconds_avg),
+            ),
             (
                 "handles per transaction",
                 n(a.handles_per_transaction),
@@ -409,7 +445,10 @@ fn vm_rows(e: &StallEvent) -> Vec<(&'static str, String)> {
     let mut rows = vec![
         ("dirty at the start", of(v.dirty_bytes_start)),
         ("dirty at most", of(v.dirty_bytes_max)),
-        ("under writeback at most", binary_bytes(v.writeback_bytes_max)),
+        (
+            "under writeback at most",
+            binary_bytes(v.writeback_bytes_max),
+        ),
         (
             "throttling threshold",
             binary_bytes(v.dirty_threshold_bytes),
@@ -443,7 +482,11 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
         cause: e.cause.as_str(),
         cause_text: e.cause.text(),
         counted_cause: (e.counted_cause != e.cause).then(|| e.counted_cause.as_str()),
-        waits: e.wchan.iter().map(|w| (w.symbol.clone(), w.count)).collect(),
+        waits: e
+            .wchan
+            .iter()
+            .map(|w| (w.symbol.clone(), w.count))
+            .collect(),
         dirtiers: ev
             .dirtiers
             .iter()
@@ -461,10 +504,7 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
                 "cgroup v{v}, {} cgroups walked{}",
                 ev.cgroups_walked,
                 if ev.cgroup_reads_capped > 0 {
-                    format!(
-                        " ({} readings stopped at the cap)",
-                        ev.cgroup_reads_capped
-                    )
+                    format!(" ({} readings stopped at the cap)", ev.cgroup_reads_capped)
                 } else {
                     String::new()
                 }
@@ -500,7 +540,7 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
         },
         device: e.device.as_ref().map(|d| {
             format!(
-                "{}, at most {} requests in flight",
+                "{}; the sampler saw at most {} requests in flight during the stall",
                 d.device, d.inflight_requests_max
             )
         }),

@@ -17,7 +17,9 @@ mod window;
 
 pub use phrases::{binary_bytes, decimal_bytes, duration, phrases};
 pub use reading::{read, DeviceSample, Reading, Scope};
-pub use window::{DeviceFigures, DeviceInterval, Dirtier, Evidence, JournalFigures, Window, Writer, TOP};
+pub use window::{
+    DeviceFigures, DeviceInterval, Dirtier, Evidence, JournalFigures, Window, Writer, TOP,
+};
 
 #[cfg(test)]
 mod tests {
@@ -216,10 +218,16 @@ mod tests {
         // The chart's intervals: 0-1 s, then 1-2 s (the 0.2 s slice merged into it).
         assert_eq!(d.intervals.len(), 2, "{:?}", d.intervals);
         assert!(close(Some(d.intervals[1].start_seconds), 1.0));
-        assert!(close(Some(d.intervals[0].write_bytes_per_second), 3906.0 * 512.0));
+        assert!(close(
+            Some(d.intervals[0].write_bytes_per_second),
+            3906.0 * 512.0
+        ));
         assert!(close(Some(d.intervals[1].utilisation), 0.5));
         assert!(close(d.intervals[0].write_latency_seconds, 0.1));
-        assert_eq!((d.intervals[0].flushes, d.intervals[1].flushes), (Some(10), Some(5)));
+        assert_eq!(
+            (d.intervals[0].flushes, d.intervals[1].flushes),
+            (Some(10), Some(5))
+        );
 
         let (p, idle) = phrases(&e);
         assert_eq!(idle, Some(false));
