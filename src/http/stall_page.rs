@@ -208,7 +208,9 @@ fn chart(d: &DeviceFigures) -> Option<Chart> {
     let (left, plot) = (170u32, 900u32);
     let x = |s: f64| left as f64 + s / span * plot as f64;
     type Get = fn(&crate::stall::evidence::DeviceInterval) -> Option<f64>;
-    let specs: [(&str, &str, Get, fn(f64) -> String); 4] = [
+    /// A panel: its label, its bars' class, its value per interval, the value in words.
+    type Spec = (&'static str, &'static str, Get, fn(f64) -> String);
+    let specs: [Spec; 4] = [
         (
             "write throughput",
             "bps",
