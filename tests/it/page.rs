@@ -7,7 +7,9 @@
 //! op has a chart with data points; during a freeze the blocked call's age rises on
 //! screen and a stall band appears, which opens the event; TLS with basic auth works;
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
-//! there. Screenshots go to `target/page-screenshots/`.
+//! there; a real stall's page (`/stalls/{id}`), reached from `/stalls`, renders every
+//! part of the event's JSON without a script. Screenshots go to
+//! `target/page-screenshots/`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -475,6 +477,15 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
         );
     }
     s.screenshot("stall-context.png");
+    // The dialog and every row of the stalls table link to the event's own page.
+    let links = s.js(
+        "const ids = Object.values(window.stallwatch.stalls).map(e => '/stalls/' + e.id);
+         const dlg = document.querySelector('#stall-detail a.stall-link');
+         const rows = [...document.querySelectorAll('#stalls a.stall-link')].map(a => a.getAttribute('href'));
+         return {dialog: dlg && ids.includes(dlg.getAttribute('href')),
+                 rows: ids.length > 0 && ids.every(h => rows.includes(h))};",
+    );
+    assert_eq!(links, json!({"dialog": true, "rows": true}), "{links}");
     // Fields the agent may add later (cause, verdict, anything) show without a page
     // change: in the dialog, generically, and as table columns for the known two.
     let extra = s.js(

@@ -289,6 +289,36 @@ mod tests {
     }
 
     #[test]
+    fn a_long_window_keeps_its_whole_span_in_at_most_60_intervals() {
+        let t0 = Instant::now();
+        let mut w = Window::new(scope());
+        // 61 one-second intervals, 10 writes in each.
+        for k in 0..62u64 {
+            let at = t0 + Duration::from_secs(k);
+            w.fold(&reading(
+                at,
+                &[],
+                &[],
+                stat(10 * k, 80 * k, 10 * k, 500 * k),
+            ));
+        }
+        let d = &w.evidence(Path::new("/nonexistent")).block_devices[0];
+        let iv = &d.intervals;
+        assert_eq!(iv.len(), 31, "60 merged into 30 pairs, then the 61st");
+        assert_eq!((iv[0].start_seconds, iv[0].seconds), (0.0, 2.0));
+        assert_eq!((iv[1].start_seconds, iv[30].start_seconds), (2.0, 60.0));
+        for i in iv {
+            assert!(
+                (i.write_bytes_per_second - 80.0 * 512.0).abs() < 1e-6,
+                "{i:?}"
+            );
+            assert!((i.utilisation - 0.5).abs() < 1e-9, "{i:?}");
+            assert_eq!(i.write_latency_seconds, Some(0.001));
+        }
+        assert_eq!(iv[0].flushes, Some(2), "a pair's flushes add up");
+    }
+
+    #[test]
     fn an_idle_device_and_a_short_window() {
         let t0 = Instant::now();
         let mut w = Window::new(scope());

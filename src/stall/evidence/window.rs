@@ -23,7 +23,7 @@ const MIN_INTERVAL_SECONDS: f64 = 0.5;
 
 /// Intervals kept per device for the stall page's chart: past this, neighbours are
 /// merged in pairs, so a long stall keeps its whole window at a coarser grain.
-const MAX_INTERVALS: usize = 120;
+const MAX_INTERVALS: usize = 60;
 
 /// A cgroup named in the event: its dirty and writeback memory when their sum peaked,
 /// and what it wrote to the target's disk during the window.
@@ -72,7 +72,7 @@ pub struct DeviceFigures {
     pub inflight_writes_max: u64,
     pub nr_requests: Option<u64>,
     /// The rates of each interval, oldest first, for the stall page's chart (at most
-    /// 120: neighbours merged in pairs past that). Not part of the event's JSON.
+    /// 60: neighbours merged in pairs past that). Not part of the event's JSON.
     #[serde(skip)]
     pub intervals: Vec<DeviceInterval>,
 }
