@@ -73,6 +73,10 @@
     return S.now + (performance.now() - S.fetchedAt) / 1000;
   }
   // An event's id is its identity from the crossing to its end (docs/stall-events.md).
+  // The event's own page (/stalls/{id}): the whole event written for a person.
+  function stallHref(e) {
+    return '/stalls/' + encodeURIComponent(e.id);
+  }
   function stallKey(e) {
     return e.id || (e.target + '|' + e.mode + '|' + e.op + '|' + e.started_at);
   }
@@ -608,7 +612,7 @@
     });
     var tb = el('table', { class: 'stalls' });
     var hr = el('tr');
-    ['started', 'target', 'op', 'duration'].concat(extra, ['also blocked', 'dirty max', 'writeback max', 'error', '']).forEach(function (h) {
+    ['started', 'target', 'op', 'duration'].concat(extra, ['also blocked', 'dirty max', 'writeback max', 'error', 'details']).forEach(function (h) {
       hr.appendChild(el('th', null, h));
     });
     tb.appendChild(hr);
@@ -630,6 +634,10 @@
       var btn = el('button', { class: 'open-stall' }, 'context');
       btn.addEventListener('click', openStall.bind(null, stallKey(e)));
       td.appendChild(btn);
+      if (e.id) {
+        td.appendChild(document.createTextNode(' '));
+        td.appendChild(el('a', { class: 'stall-link', href: stallHref(e) }, 'page'));
+      }
       tr.appendChild(td);
       tb.appendChild(tr);
     });
@@ -675,6 +683,11 @@
     var box = document.getElementById('stall-detail');
     box.textContent = '';
     box.appendChild(el('h3', null, 'Stall: ' + e.target + ' ' + e.mode + ' ' + e.op + (e.ongoing ? ' (ongoing)' : '')));
+    if (e.id) {
+      var p = el('p');
+      p.appendChild(el('a', { class: 'stall-link', href: stallHref(e) }, 'Open this stall\'s page'));
+      box.appendChild(p);
+    }
     var known = {};
     var rest = {};
     Object.keys(e).forEach(function (k) {

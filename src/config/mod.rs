@@ -83,7 +83,7 @@ pub enum Invalid {
     #[error("listen_address: {value:?} is not an IP:port address{}", at_line(*.line))]
     ListenAddress { value: String, line: Option<usize> },
     #[error(
-        "telemetry_path: {value:?} must start with /, differ from {} and not be under /assets/ or /api/stalls/{}",
+        "telemetry_path: {value:?} must start with /, differ from {} and not be under /assets/, /api/stalls/ or /stalls/{}",
         RESERVED_PATHS.join(", "),
         at_line(*.line)
     )]
@@ -371,7 +371,14 @@ pub mod defaults {
 }
 
 /// Paths the HTTP side serves itself; the telemetry path may not shadow them.
-const RESERVED_PATHS: [&str; 5] = ["/", "/healthz", "/api/stalls", "/api/history", "/-/reload"];
+const RESERVED_PATHS: [&str; 6] = [
+    "/",
+    "/healthz",
+    "/api/stalls",
+    "/api/history",
+    "/stalls",
+    "/-/reload",
+];
 
 /// Where the configuration comes from, at start and at every reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,6 +531,7 @@ fn resolve(raw: RawConfig, text: &str) -> Result<Config, Invalid> {
         || RESERVED_PATHS.contains(&telemetry_path.as_str())
         || telemetry_path.starts_with("/assets/")
         || telemetry_path.starts_with("/api/stalls/")
+        || telemetry_path.starts_with("/stalls/")
     {
         return Err(Invalid::TelemetryPath {
             line: line_of(text, "telemetry_path", &telemetry_path, 0),
@@ -891,6 +899,14 @@ targets:
             (
                 "telemetry_path: /api/stalls/{id}\ntargets:\n  - path: /a\n",
                 &["telemetry_path", "/api/stalls/", "line 1"],
+            ),
+            (
+                "telemetry_path: /stalls\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "/stalls", "line 1"],
+            ),
+            (
+                "telemetry_path: /stalls/019ae3f2c1b0-7f3a09c2-42\ntargets:\n  - path: /a\n",
+                &["telemetry_path", "/stalls/", "line 1"],
             ),
             (
                 "stall_log_size: 0\ntargets:\n  - path: /a\n",

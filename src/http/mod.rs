@@ -1,11 +1,12 @@
 //! The HTTP side: `/metrics`, `/healthz`, `/` (the live page and its `/assets/`),
-//! `/api/stalls`, `/api/history`, `/-/reload`. Every handler reads the latest cached
-//! state only; nothing here waits on a probe.
+//! `/api/stalls`, `/api/history`, `/stalls`, `/stalls/{id}`, `/-/reload`. Every
+//! handler reads the latest cached state only; nothing here waits on a probe.
 //!
 //! `router` maps paths to handlers, `state` is what they read, `page` the landing page
-//! (its markup is `assets/page.html`), `assets` the embedded files, `api` the
-//! `/api/history` body, written by `json`; `server` is the server around them (TLS,
-//! auth, limits, the accept loop).
+//! (its markup is `assets/page.html`), `stall_page` the stall list and the page of one
+//! stall (`assets/stall*.html`), `assets` the embedded files, `api` the `/api/history`
+//! body, written by `json`; `server` is the server around them (TLS, auth, limits, the
+//! accept loop).
 
 mod api;
 mod assets;
@@ -15,6 +16,7 @@ mod json;
 mod page;
 mod router;
 pub mod server;
+mod stall_page;
 mod state;
 
 pub use api::history_json;

@@ -46,6 +46,8 @@ struct TargetRow {
 
 /// A row of the recent stalls table.
 struct EventRow {
+    /// The event's page, `/stalls/{id}`.
+    href: String,
     started: String,
     target: String,
     /// Mode and op.
@@ -163,6 +165,7 @@ fn event_rows(app: &App) -> Vec<EventRow> {
                 .map(|b| format!("{} {} ({:.1} s)", b.mode, b.op, b.blocked_seconds))
                 .collect();
             EventRow {
+                href: format!("/stalls/{}", e.id),
                 started: humantime::format_rfc3339_millis(e.started_at).to_string(),
                 target: e.target.clone(),
                 op: format!("{} {}", e.mode, e.op),
@@ -236,6 +239,7 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("<a href=\"/metrics\">Metrics</a>"));
+        assert!(html.contains("<a href=\"/stalls\">Stalls</a>"));
         assert!(html.contains("<p>None since start.</p>"));
         assert!(!html.contains("id=\"kernel-now\""));
     }

@@ -1,6 +1,6 @@
 //! The router: which path goes to which handler (`fn app(state) -> Router`), and the
 //! small handlers (`/metrics`, `/healthz`, `/api/stalls`, `/api/stalls/{id}`,
-//! `/-/reload`).
+//! `/-/reload`); the stall pages `/stalls` and `/stalls/{id}` are `stall_page`.
 
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use tower_http::compression::CompressionLayer;
 use super::api::api_history;
 use super::assets::asset;
 use super::page::index;
+use super::stall_page;
 use super::state::App;
 use crate::exposition::registry as metrics;
 
@@ -26,6 +27,8 @@ pub fn app(state: Arc<App>) -> Router {
         .route("/", get(index))
         .route("/api/stalls", get(stalls))
         .route("/api/stalls/{id}", get(stall))
+        .route("/stalls", get(stall_page::list))
+        .route("/stalls/{id}", get(stall_page::one))
         .route("/api/history", get(api_history))
         .route("/assets/{name}", get(asset))
         .route("/-/reload", post(reload).put(reload))
@@ -108,13 +111,18 @@ mod tests {
     /// An agent's state with no target and a log of two events: one completed, one
     /// ongoing.
     fn state() -> Arc<App> {
+        state_named("wal")
+    }
+
+    /// As [`state`], the target named `name`.
+    fn state_named(name: &'static str) -> Arc<App> {
         let registry = Registry::new();
         let stalls = Arc::new(StallLog::new(8, &registry, Arc::default()));
         let devices = TargetDevices::default();
         let key = |lane| LaneKey {
             devices: &devices,
             lane,
-            name: "wal",
+            name,
         };
         let call = FinishedCall {
             mode: Mode::Overwrite,
@@ -213,5 +221,116 @@ mod tests {
         let id = app.stalls.events()[0].id.clone();
         let (status, _, _) = get(&app, Method::POST, &format!("/api/stalls/{id}")).await;
         assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[tokio::test]
+    async fn the_stall_pages_link_the_list_to_each_event_and_404_in_html() {
+        let app = state();
+        let (status, ctype, html) = get(&app, Method::GET, "/stalls").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(ctype.starts_with("text/html"), "{ctype}");
+        for e in app.stalls.events() {
+            let link = format!("<a href=\"/stalls/{}\">", e.id);
+            assert!(html.contains(&link), "{link} in\n{html}");
+            let (status, ctype, page) = get(&app, Method::GET, &format!("/stalls/{}", e.id)).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            assert!(ctype.starts_with("text/html"), "{ctype}");
+            assert!(page.contains("id=\"verdict\""), "{page}");
+            assert!(page.contains(&format!("<dd>{}</dd>", e.op)), "{page}");
+            if e.ongoing {
+                assert!(page.contains("so far."), "{page}");
+            }
+            // No evidence in these events: no journal, no device chart, no md.
+            for absent in ["id=\"journal\"", "<svg", "id=\"md\"", "id=\"dirtiers\""] {
+                assert!(!page.contains(absent), "{absent} in\n{page}");
+            }
+        }
+        for path in ["/stalls/0000-0000-1", "/stalls/%3Cb%3Ex"] {
+            let (status, ctype, body) = get(&app, Method::GET, path).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+            assert!(ctype.starts_with("text/html"), "{path}: {ctype}");
+            assert!(body.contains("No such stall"), "{body}");
+            assert!(!body.contains("<b>x"), "the id is escaped: {body}");
+            assert!(body.len() < 2048, "a small page: {}", body.len());
+        }
+        assert_eq!(
+            get(&app, Method::GET, "/stalls/a/b").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            get(&app, Method::POST, "/stalls").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stall_list_filters_by_target_and_says_so() {
+        let app = state();
+        let (_, _, all) = get(&app, Method::GET, "/stalls").await;
+        assert_eq!(
+            all.matches("<tr").count(),
+            3,
+            "header and two events: {all}"
+        );
+        let (status, _, html) = get(&app, Method::GET, "/stalls?target=wal").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(html.matches("<tr").count(), 3, "{html}");
+        assert!(html.contains("Only the stalls of target wal."), "{html}");
+        assert!(
+            html.contains("<a href=\"/stalls\">All targets</a>"),
+            "{html}"
+        );
+        let (status, _, html) = get(&app, Method::GET, "/stalls?target=data").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!html.contains("<table"), "{html}");
+        assert!(
+            html.contains("No stall of this target has been recorded since the agent started."),
+            "{html}"
+        );
+        let empty = Arc::new(App {
+            stalls: Arc::new(StallLog::new(8, &Registry::new(), Arc::default())),
+            ..Arc::into_inner(state()).unwrap()
+        });
+        let (_, _, html) = get(&empty, Method::GET, "/stalls").await;
+        assert!(
+            html.contains("No stall has been recorded since the agent started."),
+            "{html}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hostile_target_name_is_escaped_in_the_stall_pages() {
+        let evil = "<script>alert('x')</script>&\"q\"";
+        let app = state_named(evil);
+        let id = app.stalls.events()[0].id.clone();
+        for path in [
+            "/stalls".to_owned(),
+            format!("/stalls/{id}"),
+            "/stalls?target=%3Cscript%3Ealert('x')%3C%2Fscript%3E%26%22q%22".to_owned(),
+        ] {
+            let (status, _, html) = get(&app, Method::GET, &path).await;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            assert!(!html.contains("<script>"), "{path}: {html}");
+            assert!(
+                html.contains(
+                    "&#60;script&#62;alert(&#39;x&#39;)&#60;/script&#62;&#38;&#34;q&#34;"
+                ),
+                "{path}: {html}"
+            );
+            // The filter link carries the name as a query value.
+            assert!(
+                html.contains(
+                    "/stalls?target=%3Cscript%3Ealert%28%27x%27%29%3C%2Fscript%3E%26%22q%22"
+                ),
+                "{path}: {html}"
+            );
+        }
+        let (_, _, html) = get(
+            &app,
+            Method::GET,
+            "/stalls?target=%3Cscript%3Ealert('x')%3C%2Fscript%3E%26%22q%22",
+        )
+        .await;
+        assert_eq!(html.matches("<tr").count(), 3, "the filter matched: {html}");
     }
 }

@@ -7,7 +7,9 @@
 //! op has a chart with data points; during a freeze the blocked call's age rises on
 //! screen and a stall band appears, which opens the event; TLS with basic auth works;
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
-//! there. Screenshots go to `target/page-screenshots/`.
+//! there; a real stall's page (`/stalls/{id}`), reached from `/stalls`, renders every
+//! part of the event's JSON without a script. Screenshots go to
+//! `target/page-screenshots/`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -475,6 +477,15 @@ fn the_live_page_charts_every_op_and_shows_a_freeze_while_it_lasts() {
         );
     }
     s.screenshot("stall-context.png");
+    // The dialog and every row of the stalls table link to the event's own page.
+    let links = s.js(
+        "const ids = Object.values(window.stallwatch.stalls).map(e => '/stalls/' + e.id);
+         const dlg = document.querySelector('#stall-detail a.stall-link');
+         const rows = [...document.querySelectorAll('#stalls a.stall-link')].map(a => a.getAttribute('href'));
+         return {dialog: dlg && ids.includes(dlg.getAttribute('href')),
+                 rows: ids.length > 0 && ids.every(h => rows.includes(h))};",
+    );
+    assert_eq!(links, json!({"dialog": true, "rows": true}), "{links}");
     // Fields the agent may add later (cause, verdict, anything) show without a page
     // change: in the dialog, generically, and as table columns for the known two.
     let extra = s.js(
@@ -674,4 +685,232 @@ fn without_javascript_the_page_shows_its_tables() {
         "no range buttons that do nothing: {v}"
     );
     assert!(v["polls"].is_null(), "the page script did not run: {v}");
+}
+
+/// Sizes the window so that the page's viewport (what a screenshot shows) is
+/// `width` × `height`: headless Chromium's window has a frame of its own.
+fn set_viewport(s: &Session<'_>, width: u32, height: u32) {
+    s.set_size(width, height);
+    let inner = s.js("return [window.innerWidth, window.innerHeight]");
+    let (w, h) = (inner[0].as_u64().unwrap(), inner[1].as_u64().unwrap());
+    s.set_size(2 * width - w as u32, 2 * height - h as u32);
+}
+
+/// The text of the element `sel`, or null.
+fn text_of(s: &Session<'_>, sel: &str) -> Value {
+    s.js(&format!(
+        "const e = document.querySelector({}); return e ? e.textContent : null;",
+        json!(sel)
+    ))
+}
+
+#[test]
+fn a_stall_has_a_page_of_its_own_linked_from_the_list() {
+    if !require_root("a_stall_has_a_page_of_its_own_linked_from_the_list") {
+        return;
+    }
+    let _machine = machine::shared();
+    let mut fs = LoopFs::new("ext4", 64);
+    let yaml = format!(
+        "vm_interval: 200ms\nstall_threshold: 1s\ntargets:\n  - path: {}\n    name: wal\n    \
+         interval: 500ms\n    modes: [create, overwrite]\n",
+        fs.path().display()
+    );
+    let agent = Agent::start(&yaml);
+    assert!(agent.wait_up("wal"));
+    let driver = Driver::start();
+    // Scripts off: the stall pages are the server's HTML alone (WebDriver's own script
+    // still runs, to read the DOM).
+    let s = driver.session(false);
+    s.goto(&agent.url("/stalls"));
+    set_viewport(&s, 1400, 900);
+    assert_eq!(
+        text_of(&s, "#no-stalls"),
+        "No stall has been recorded since the agent started."
+    );
+
+    // A real stall: the filesystem frozen for 5 s (LoopFs thaws it on drop, should an
+    // assertion fail first).
+    fs.freeze();
+    let events = |agent: &Agent| -> Vec<Value> {
+        serde_json::from_str(&agent.get("/api/stalls").1).unwrap()
+    };
+    assert!(wait_until(
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || events(&agent).iter().any(|e| e["ongoing"] == true)
+    ));
+    std::thread::sleep(Duration::from_secs(5));
+    fs.thaw();
+    // Every event over, with the evidence's last reading.
+    assert!(
+        wait_until(Duration::from_secs(15), Duration::from_millis(200), || {
+            let evs = events(&agent);
+            !evs.is_empty()
+                && evs
+                    .iter()
+                    .all(|e| e["ongoing"] == false && e["evidence"]["complete"] == true)
+        }),
+        "{:?}",
+        events(&agent)
+    );
+    let evs = events(&agent);
+    // The longest one: the first lane to block.
+    let ev = evs
+        .iter()
+        .max_by(|a, b| {
+            a["duration_seconds"]
+                .as_f64()
+                .partial_cmp(&b["duration_seconds"].as_f64())
+                .unwrap()
+        })
+        .unwrap()
+        .clone();
+    let id = ev["id"].as_str().unwrap();
+    eprintln!("the event: {ev}");
+
+    // The list: one row per event, each linking to its page.
+    s.goto(&agent.url("/stalls"));
+    let rows = s.js("return document.querySelectorAll('#stall-list tr').length");
+    assert_eq!(rows, evs.len() + 1, "a header and one row per event");
+    let link = format!("#stall-list a[href=\"/stalls/{id}\"]");
+    s.screenshot("stalls-list.png");
+    // Follow the link, as a person would.
+    s.js(&format!(
+        "document.querySelector({}).click(); return null;",
+        json!(link)
+    ));
+    let url = s.wait_js(
+        "the event's page",
+        Duration::from_secs(10),
+        "return document.getElementById('verdict') ? location.pathname : null;",
+    );
+    assert_eq!(url, format!("/stalls/{id}"));
+    let scripts = s.js("return document.scripts.length");
+    assert_eq!(scripts, 0, "the page needs no script");
+    s.screenshot("stall-page.png");
+    set_viewport(&s, 1400, 2600);
+    s.screenshot("stall-page-whole.png");
+
+    // Every section the event's JSON has evidence for, checked against the JSON.
+    assert_eq!(text_of(&s, "#verdict"), ev["verdict"]);
+    let when = text_of(&s, "#when");
+    assert!(
+        when.as_str().unwrap().contains("held for ") && !when.as_str().unwrap().contains("so far"),
+        "{when}"
+    );
+    let call = text_of(&s, "#call").as_str().unwrap().to_owned();
+    for field in ["target", "mode", "op", "cause"] {
+        assert!(
+            call.contains(ev[field].as_str().unwrap()),
+            "{field} {} in {call}",
+            ev[field]
+        );
+    }
+    assert!(call.contains("filesystem frozen"), "{call}");
+    let first = &ev["wchan"][0];
+    let row = s.js(
+        "const r = document.querySelectorAll('#waits tr')[1]; return r ? [...r.cells].map(c => c.textContent) : null;",
+    );
+    assert_eq!(
+        row,
+        json!([first["symbol"], first["count"].to_string()]),
+        "the first wait point and its count"
+    );
+    if let Some(stack) = ev["stack"].as_array() {
+        let shown = s.js(
+            "return [...document.querySelectorAll('#waits ol.stack li')].map(l => l.textContent)",
+        );
+        assert_eq!(&shown, &json!(stack), "the deciding stack");
+    }
+    let devices = text_of(&s, "#devices");
+    let disk = ev["device"]["device"].as_str().expect("the backing disk");
+    assert!(devices.as_str().unwrap().contains(disk), "{devices}");
+    for d in ev["evidence"]["block_devices"].as_array().unwrap() {
+        let name = d["device"].as_str().unwrap();
+        let sel = format!(".device[data-device=\"{name}\"]");
+        assert!(!text_of(&s, &sel).is_null(), "a section for {name}");
+        if d["utilisation_max"].is_number() {
+            // Rates over at least one interval: the chart.
+            let bars = s.js(&format!(
+                "return document.querySelectorAll({}).length",
+                json!(format!("{sel} svg.window rect.util"))
+            ));
+            assert!(bars.as_u64().unwrap() >= 1, "{name}'s chart: {bars}");
+        }
+    }
+    match ev["evidence"]["journal"].as_object() {
+        Some(j) => {
+            let shown = text_of(&s, "#journal");
+            assert!(
+                shown
+                    .as_str()
+                    .unwrap()
+                    .contains(j["journal"].as_str().unwrap()),
+                "{shown}"
+            );
+        }
+        None => assert!(text_of(&s, "#journal").is_null()),
+    }
+    for (key, sel, field) in [
+        ("dirtiers", "#dirtier-table", "cgroup"),
+        ("writers", "#writer-table", "comm"),
+    ] {
+        match ev["evidence"][key].as_array().and_then(|a| a.first()) {
+            Some(first) => {
+                let shown = text_of(&s, sel);
+                assert!(
+                    shown
+                        .as_str()
+                        .unwrap()
+                        .contains(first[field].as_str().unwrap()),
+                    "{key}: {shown}"
+                );
+            }
+            None => assert!(text_of(&s, sel).is_null(), "no {key}"),
+        }
+    }
+    let also = text_of(&s, "#also-blocked");
+    for b in ev["also_blocked"].as_array().unwrap() {
+        let op = format!(
+            "{} {}",
+            b["mode"].as_str().unwrap(),
+            b["op"].as_str().unwrap()
+        );
+        assert!(also.as_str().unwrap().contains(&op), "{op} in {also}");
+    }
+    assert_eq!(
+        text_of(&s, "#md").is_null(),
+        ev["md"].as_array().unwrap().is_empty()
+    );
+    let vm = text_of(&s, "#vm");
+    assert!(
+        vm.as_str().unwrap().contains("throttling threshold"),
+        "{vm}"
+    );
+
+    // The target links to the list filtered by it, which says so.
+    s.js("document.querySelector('#call a[href^=\"/stalls?target=\"]').click(); return null;");
+    s.wait_js(
+        "the filtered list",
+        Duration::from_secs(10),
+        "return location.search === '?target=wal' && document.getElementById('stall-list');",
+    );
+    let note = text_of(&s, ".note");
+    assert!(
+        note.as_str()
+            .unwrap()
+            .contains("Only the stalls of target wal"),
+        "{note}"
+    );
+    // The live page's server-rendered stalls table links to the event too.
+    s.goto(&agent.url("/"));
+    let linked = s.js(&format!(
+        "return !!document.querySelector('#stalls a[href=\"/stalls/{id}\"]') && !!document.querySelector('nav a[href=\"/stalls\"]');"
+    ));
+    assert_eq!(linked, true);
+    // An unknown id: a small HTML page, 404.
+    let (status, body, _) = agent.get("/stalls/0000-0000-1");
+    assert_eq!(status, 404);
+    assert!(body.contains("No such stall"), "{body}");
 }

@@ -347,6 +347,24 @@ fn basic_auth_over_tls_answers_401_without_the_right_password() {
     assert_eq!(https(&addr, &cfg, one, &[]).unwrap().status, 401);
     let r = https(&addr, &cfg, one, &[("Authorization", &right)]).unwrap();
     assert_eq!(r.status, 404, "no such event");
+    // The stall pages too, with the same headers.
+    for (path, status) in [
+        ("/stalls", 200),
+        ("/stalls?target=a", 200),
+        ("/stalls/019ae3f2c1b0-7f3a09c2-1", 404),
+    ] {
+        let r = https(&addr, &cfg, path, &[]).unwrap();
+        assert_eq!(r.status, 401, "{path} without credentials");
+        let r = https(&addr, &cfg, path, &[("Authorization", &right)]).unwrap();
+        assert_eq!(r.status, status, "{path}");
+        assert_eq!(r.header("x-frame-options"), Some("deny"), "{path}");
+        assert!(
+            r.header("content-type")
+                .unwrap_or("")
+                .starts_with("text/html"),
+            "{path}"
+        );
+    }
 
     // Plain HTTP against the TLS port: no HTTP answer.
     let mut tcp = connect(&addr);

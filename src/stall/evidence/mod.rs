@@ -17,7 +17,9 @@ mod window;
 
 pub use phrases::{binary_bytes, decimal_bytes, duration, phrases};
 pub use reading::{read, DeviceSample, Reading, Scope};
-pub use window::{DeviceFigures, Dirtier, Evidence, JournalFigures, Window, Writer, TOP};
+pub use window::{
+    DeviceFigures, DeviceInterval, Dirtier, Evidence, JournalFigures, Window, Writer, TOP,
+};
 
 #[cfg(test)]
 mod tests {
@@ -213,6 +215,19 @@ mod tests {
         assert_eq!(d.flushes, Some(15));
         assert!(close(d.flush_seconds_avg, 0.2));
         assert_eq!((d.inflight_writes_max, d.nr_requests), (128, Some(128)));
+        // The chart's intervals: 0-1 s, then 1-2 s (the 0.2 s slice merged into it).
+        assert_eq!(d.intervals.len(), 2, "{:?}", d.intervals);
+        assert!(close(Some(d.intervals[1].start_seconds), 1.0));
+        assert!(close(
+            Some(d.intervals[0].write_bytes_per_second),
+            3906.0 * 512.0
+        ));
+        assert!(close(Some(d.intervals[1].utilisation), 0.5));
+        assert!(close(d.intervals[0].write_latency_seconds, 0.1));
+        assert_eq!(
+            (d.intervals[0].flushes, d.intervals[1].flushes),
+            (Some(10), Some(5))
+        );
 
         let (p, idle) = phrases(&e);
         assert_eq!(idle, Some(false));
@@ -229,6 +244,7 @@ mod tests {
         let json = serde_json::to_value(&e).unwrap();
         assert_eq!(json["dirtiers"][0]["cgroup"], "/writer");
         assert_eq!(json["block_devices"][0]["utilisation_max"], 1.0);
+        assert!(json["block_devices"][0].get("intervals").is_none());
         assert_eq!(json["journal"], serde_json::Value::Null);
     }
 
@@ -270,6 +286,36 @@ mod tests {
             phrases(&e).0[1],
             "top writing process ? (pid 7 in /writer) 4.1 kB written"
         );
+    }
+
+    #[test]
+    fn a_long_window_keeps_its_whole_span_in_at_most_60_intervals() {
+        let t0 = Instant::now();
+        let mut w = Window::new(scope());
+        // 61 one-second intervals, 10 writes in each.
+        for k in 0..62u64 {
+            let at = t0 + Duration::from_secs(k);
+            w.fold(&reading(
+                at,
+                &[],
+                &[],
+                stat(10 * k, 80 * k, 10 * k, 500 * k),
+            ));
+        }
+        let d = &w.evidence(Path::new("/nonexistent")).block_devices[0];
+        let iv = &d.intervals;
+        assert_eq!(iv.len(), 31, "60 merged into 30 pairs, then the 61st");
+        assert_eq!((iv[0].start_seconds, iv[0].seconds), (0.0, 2.0));
+        assert_eq!((iv[1].start_seconds, iv[30].start_seconds), (2.0, 60.0));
+        for i in iv {
+            assert!(
+                (i.write_bytes_per_second - 80.0 * 512.0).abs() < 1e-6,
+                "{i:?}"
+            );
+            assert!((i.utilisation - 0.5).abs() < 1e-9, "{i:?}");
+            assert_eq!(i.write_latency_seconds, Some(0.001));
+        }
+        assert_eq!(iv[0].flushes, Some(2), "a pair's flushes add up");
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub const TOP: usize = 5;
 /// peak and minimum are per-second figures, not the noise of a 50 ms slice.
 const MIN_INTERVAL_SECONDS: f64 = 0.5;
 
+/// Intervals kept per device for the stall page's chart: past this, neighbours are
+/// merged in pairs, so a long stall keeps its whole window at a coarser grain.
+const MAX_INTERVALS: usize = 60;
+
 /// A cgroup named in the event: its dirty and writeback memory when their sum peaked,
 /// and what it wrote to the target's disk during the window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,6 +71,25 @@ pub struct DeviceFigures {
     pub inflight_reads_max: u64,
     pub inflight_writes_max: u64,
     pub nr_requests: Option<u64>,
+    /// The rates of each interval, oldest first, for the stall page's chart (at most
+    /// 60: neighbours merged in pairs past that). Not part of the event's JSON.
+    #[serde(skip)]
+    pub intervals: Vec<DeviceInterval>,
+}
+
+/// One interval of a device's window: from `start_seconds` after the window's first
+/// reading, `seconds` long.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DeviceInterval {
+    pub start_seconds: f64,
+    pub seconds: f64,
+    pub write_bytes_per_second: f64,
+    /// Write ticks over writes completed in the interval; None without a completion.
+    pub write_latency_seconds: Option<f64>,
+    /// Busy time over elapsed time, 0-1.
+    pub utilisation: f64,
+    /// Cache flushes completed in the interval (kernel ≥ 5.5).
+    pub flushes: Option<u64>,
 }
 
 /// The ext4 journal during the window.
@@ -135,6 +158,8 @@ struct DeviceWindow {
     inflight_reads_max: u64,
     inflight_writes_max: u64,
     nr_requests: Option<u64>,
+    /// The raw intervals: start, end, and the stats at both.
+    intervals: Vec<(Instant, Instant, DiskStat, DiskStat)>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -245,6 +270,14 @@ impl Window {
                         w.wbps.add(bps);
                         w.iops.add(iops);
                         w.util.add(util);
+                        if w.intervals.len() == MAX_INTERVALS {
+                            w.intervals = w
+                                .intervals
+                                .chunks(2)
+                                .map(|c| (c[0].0, c[c.len() - 1].1, c[0].2, c[c.len() - 1].3))
+                                .collect();
+                        }
+                        w.intervals.push((t0, r.at, s0, s.stat));
                         w.mark = Some(now);
                     }
                 }
@@ -393,6 +426,28 @@ fn figures(name: &str, role: &'static str, w: &DeviceWindow) -> Option<DeviceFig
         inflight_reads_max: w.inflight_reads_max,
         inflight_writes_max: w.inflight_writes_max,
         nr_requests: w.nr_requests,
+        intervals: w
+            .intervals
+            .iter()
+            .map(|&(t0, t1, a, b)| {
+                let dt = t1.duration_since(t0).as_secs_f64();
+                let (bps, _, util) = rates(&a, &b, dt);
+                let ios = d(a.write_ios, b.write_ios);
+                DeviceInterval {
+                    start_seconds: t0.duration_since(w.first.map_or(t0, |f| f.0)).as_secs_f64(),
+                    seconds: dt,
+                    write_bytes_per_second: bps,
+                    write_latency_seconds: (ios > 0).then(|| {
+                        d(a.write_ticks_ms, b.write_ticks_ms) as f64 / 1000.0 / ios as f64
+                    }),
+                    utilisation: util,
+                    flushes: match (a.flush_ios, b.flush_ios) {
+                        (Some(x), Some(y)) => Some(d(x, y)),
+                        _ => None,
+                    },
+                }
+            })
+            .collect(),
         ..DeviceFigures::default()
     };
     // A window shorter than one interval gives no rate: a 100 ms slice says nothing
