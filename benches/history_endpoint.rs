@@ -1,12 +1,12 @@
-//! The cost figures of BENCHMARKS.md ("History endpoint"): a full hour of 8 targets
-//! served by `/api/history`, timed in memory through the router. Prints figures; run in
-//! release: `cargo bench --bench history_endpoint`.
+//! The cost figures of BENCHMARKS.md ("The history and `/api/history`"): a full hour of
+//! 8 targets served by `/api/history`, timed in memory through the router. Prints
+//! figures; run in release: `cargo bench --bench history_endpoint`.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::http::StatusCode;
-use stallwatch::http::fixture::full_hour;
+use stallwatch::agent::fixture::full_hour;
 use stallwatch::http::history_json;
 
 /// This thread's CPU time, so time waiting for a CPU held by other processes of a

@@ -2,6 +2,8 @@
 //! serves HTTP until SIGTERM/SIGINT, reloads the configuration on SIGHUP, then shuts
 //! down without waiting on its own locks.
 
+#[doc(hidden)]
+pub mod fixture;
 pub mod reload;
 pub mod resident;
 
@@ -16,7 +18,7 @@ use crate::base::sync::Shutdown;
 use crate::config::{Config, Source};
 use crate::exposition::registry;
 use crate::history::History;
-use crate::http::server::{self as web, Limits, WebConfig};
+use crate::http::server::{self, Limits, WebConfig};
 use crate::http::{self, App};
 use crate::kernel::host::HostInfo;
 use crate::kernel::kernfs::Roots;
@@ -183,7 +185,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     }
     // On the signal the listener is dropped at once (new connections are refused) and
     // open connections get `limits.shutdown_grace` to finish, not more.
-    rt.block_on(web::serve(
+    rt.block_on(server::serve(
         listeners,
         app,
         web,

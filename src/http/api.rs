@@ -41,7 +41,7 @@ pub(super) struct HistoryQuery {
 }
 
 /// Answers `/api/history` from the in-memory history; the handler only copies points
-/// out under the series' locks. The points are columns (README, "/api/history").
+/// out under the series' locks. The points are columns (docs/http-api.md, "`/api/history`").
 pub fn history_json(
     app: &App,
     since: Option<f64>,
@@ -243,7 +243,7 @@ pub(super) async fn api_history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::fixture::full_hour;
+    use crate::agent::fixture::full_hour;
 
     /// Unix seconds of the points of `s`, a series or the kernel object, from its `t`
     /// deltas and the answer's `from`.

@@ -1,6 +1,7 @@
 //! The HTTP side: `/metrics`, `/healthz`, `/` (the live page and its `/assets/`),
-//! `/api/stalls`, `/api/history`, `/stalls`, `/stalls/{id}`, `/-/reload`. Every
-//! handler reads the latest cached state only; nothing here waits on a probe.
+//! `/api/stalls`, `/api/stalls/{id}`, `/api/history`, `/stalls`, `/stalls/{id}`,
+//! `/-/reload`. Every handler reads the latest cached state only; nothing here waits on a
+//! probe.
 //!
 //! `router` maps paths to handlers, `state` is what they read, `page` the landing page
 //! (its markup is `assets/page.html`), `stall_page` the stall list and the page of one
@@ -10,8 +11,6 @@
 
 mod api;
 mod assets;
-#[doc(hidden)]
-pub mod fixture;
 mod json;
 mod page;
 mod router;

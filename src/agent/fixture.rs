@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::state::App;
 use crate::base::labels::{Mode, Op, SyncKind};
 use crate::config::Target;
 use crate::exposition::registry::Registry;
 use crate::history::{self, History};
+use crate::http::App;
 use crate::kernel::blockdev::TargetDevices;
 use crate::kernel::vm::{IoPressureTotals, VmCounters, VmSample};
 use crate::probe::{ProbeMetrics, TargetShared, Targets};
