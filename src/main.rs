@@ -8,9 +8,9 @@ use tracing::info;
 
 use stallwatch::agent;
 use stallwatch::agent::resident;
-use stallwatch::cli::probe::{self as probe_cli, ProbeArgs};
+use stallwatch::cli::probe::{self, ProbeArgs};
 use stallwatch::config::{self, Config, ConfigError};
-use stallwatch::http::server::{self as web, WebConfig, WebConfigError};
+use stallwatch::http::server::{self, WebConfig, WebConfigError};
 use stallwatch::kernel::kernfs::{self, Roots};
 
 /// Storage stall probe agent: times create/write/fsync on each mount point, samples
@@ -37,7 +37,7 @@ struct Cli {
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
     /// Requests served at once; more get 503 at once. 0: no limit.
-    #[arg(long = "web.max-requests", value_name = "N", default_value_t = web::DEFAULT_MAX_REQUESTS)]
+    #[arg(long = "web.max-requests", value_name = "N", default_value_t = server::DEFAULT_MAX_REQUESTS)]
     web_max_requests: usize,
     /// Enable the lifecycle endpoint: POST or PUT /-/reload re-reads the configuration
     /// (as SIGHUP does). Off by default, as in Prometheus.
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::CheckConfig { file }) => check_config(&file),
-        Some(Command::Probe(args)) => probe_cli::run(args),
+        Some(Command::Probe(args)) => probe::run(args),
         None => {
             init_logging(cli.log_level, cli.log_format);
             // First, before any thread exists (see resident.rs).
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
             // Also before any thread: it removes LISTEN_* from the environment.
             let sockets = match cli
                 .web_systemd_socket
-                .then(web::systemd_listeners)
+                .then(server::systemd_listeners)
                 .transpose()
             {
                 Ok(s) => s,
@@ -226,9 +226,9 @@ fn run_agent(
         }
         None => WebConfig::none(),
     };
-    let limits = web::Limits {
+    let limits = server::Limits {
         max_requests: web.max_requests,
-        ..web::Limits::default()
+        ..server::Limits::default()
     };
     let options = agent::Options {
         listen,

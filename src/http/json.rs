@@ -125,7 +125,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(super) fn microseconds_to_four_digits_without_trailing_zeros() {
+    fn microseconds_to_four_digits_without_trailing_zeros() {
         let mut o = JsonOut(Vec::new());
         for v in [
             0.000_018_97f32,
