@@ -9,6 +9,7 @@
 //! above the block layer.
 
 use crate::base::labels::Cause;
+use crate::stall::evidence::binary_bytes;
 
 /// The facts of one stall the verdict is built from.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -79,31 +80,13 @@ fn vm_phrase(f: &Facts<'_>, cause: Cause) -> Option<String> {
     let how = if at { "at" } else { "below" };
     let mut p = format!(
         "dirty {} {how} the {} threshold",
-        bytes(f.dirty_bytes_max),
-        bytes(f.dirty_threshold_bytes)
+        binary_bytes(f.dirty_bytes_max),
+        binary_bytes(f.dirty_threshold_bytes)
     );
     if f.writeback_bytes_max > 0 {
-        p += &format!(", {} under writeback", bytes(f.writeback_bytes_max));
+        p += &format!(", {} under writeback", binary_bytes(f.writeback_bytes_max));
     }
     Some(p)
-}
-
-/// Bytes in binary units with one decimal: `1.4 GiB`, `512 B`.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    format!("{v:.1} {unit}")
 }
 
 #[cfg(test)]
@@ -213,13 +196,5 @@ mod tests {
             verdict(&f, &[], None),
             "fsync blocked 9.2 s in mystery_wait (wait point not in the cause table)"
         );
-    }
-
-    #[test]
-    fn bytes_in_binary_units() {
-        assert_eq!(bytes(0), "0 B");
-        assert_eq!(bytes(1023), "1023 B");
-        assert_eq!(bytes(1536), "1.5 KiB");
-        assert_eq!(bytes(3 << 30), "3.0 GiB");
     }
 }

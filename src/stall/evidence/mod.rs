@@ -380,6 +380,9 @@ mod tests {
         assert_eq!(binary_bytes(0), "0 B");
         assert_eq!(binary_bytes(1_181_116_006), "1.1 GiB");
         assert_eq!(binary_bytes(512 << 10), "512.0 KiB");
+        assert_eq!(binary_bytes(1023), "1023 B");
+        assert_eq!(binary_bytes(1536), "1.5 KiB");
+        assert_eq!(binary_bytes(3 << 50), "3.0 PiB");
         assert_eq!(decimal_bytes(2_000_000.0), "2.0 MB");
         assert_eq!(decimal_bytes(999.0), "999 B");
         assert_eq!(duration(9.24), "9.2 s");

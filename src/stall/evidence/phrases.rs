@@ -89,9 +89,9 @@ pub fn phrases(e: &Evidence) -> (Vec<String>, Option<bool>) {
     (out, idle)
 }
 
-/// `1.1 GiB`, `512 KiB`, `0 B`: memory in binary units.
+/// `1.1 GiB`, `512.0 KiB`, `1023 B`: memory in binary units, one decimal from KiB up.
 pub fn binary_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
     let mut i = 0;
     while v >= 1024.0 && i + 1 < UNITS.len() {
