@@ -36,7 +36,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "base",
             "kernel",
-            "config",
             "exposition",
             "history",
             "stall",
@@ -218,6 +217,8 @@ struct Written {
     segs: Vec<String>,
     /// The name a `pub use` gives it in `module` (its last segment or its alias).
     reexport_as: Option<String>,
+    /// The name any `use` gives it in `module`; None for a path written in code.
+    imported_as: Option<String>,
 }
 
 /// The paths `code` names: every path of every `use` declaration (groups expanded)
@@ -257,7 +258,8 @@ fn written_paths(code: &str) -> Vec<Written> {
                 let name = alias.or_else(|| segs.last().cloned());
                 out.push(Written {
                     inner: nesting(),
-                    reexport_as: if public { name } else { None },
+                    reexport_as: if public { name.clone() } else { None },
+                    imported_as: name,
                     segs,
                 });
             }
@@ -278,6 +280,7 @@ fn written_paths(code: &str) -> Vec<Written> {
                 inner: nesting(),
                 segs,
                 reexport_as: None,
+                imported_as: None,
             });
             i = k;
             continue;
@@ -431,11 +434,35 @@ fn graphs(src: &Path) -> BTreeMap<ModPath, Graph> {
     let mut reexports = BTreeMap::new();
     let mut named = Vec::new();
     for (module, code) in &mods {
-        for w in written_paths(code) {
+        let written = written_paths(code);
+        // What each `use` brings into scope by name: a path written in code whose head is
+        // such a name (`use crate::http::server as web; web::tls::X`) is that path.
+        let mut in_scope: BTreeMap<(Vec<String>, String), Vec<String>> = BTreeMap::new();
+        for w in &written {
             let mut within = module.clone();
             within.extend(w.inner.iter().cloned());
-            let Some(abs) = absolute(&within, &w.segs, &mods) else {
-                continue;
+            if let (Some(name), Some(abs)) = (&w.imported_as, absolute(&within, &w.segs, &mods)) {
+                in_scope.insert((w.inner.clone(), name.clone()), abs);
+            }
+        }
+        for w in written {
+            let mut within = module.clone();
+            within.extend(w.inner.iter().cloned());
+            let through_use = w
+                .imported_as
+                .is_none()
+                .then(|| in_scope.get(&(w.inner.clone(), w.segs[0].clone())))
+                .flatten();
+            let abs = match through_use {
+                Some(head) => {
+                    let mut abs = head.clone();
+                    abs.extend(w.segs[1..].iter().cloned());
+                    abs
+                }
+                None => match absolute(&within, &w.segs, &mods) {
+                    Some(abs) => abs,
+                    None => continue,
+                },
             };
             if let Some(name) = &w.reexport_as {
                 reexports.insert((module.clone(), name.clone()), abs.clone());
@@ -550,6 +577,26 @@ fn no_import_cycle_at_any_level() {
     assert!(found.is_empty(), "import cycles:\n{}", found.join("\n"));
 }
 
+/// Each import of `top` (the top-level graph) that `layers` does not allow, and each
+/// module in no layer.
+fn layer_problems(top: &Graph, layers: &[(&str, &[&str])]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (module, deps) in top {
+        let Some((_, allowed)) = layers.iter().find(|l| l.0 == module) else {
+            problems.push(format!(
+                "{module} is in no layer: add it to LAYERS and ARCHITECTURE.md"
+            ));
+            continue;
+        };
+        for d in deps {
+            if !allowed.contains(&d.as_str()) {
+                problems.push(format!("{module} imports {d}"));
+            }
+        }
+    }
+    problems
+}
+
 #[test]
 fn each_layer_imports_only_from_the_layers_below_it() {
     let g = real_graphs();
@@ -564,20 +611,7 @@ fn each_layer_imports_only_from_the_layers_below_it() {
             );
         }
     }
-    let mut problems = Vec::new();
-    for (module, deps) in top {
-        let Some((_, allowed)) = LAYERS.iter().find(|l| l.0 == module) else {
-            problems.push(format!(
-                "{module} is in no layer: add it to LAYERS and ARCHITECTURE.md"
-            ));
-            continue;
-        };
-        for d in deps {
-            if !allowed.contains(&d.as_str()) {
-                problems.push(format!("{module} imports {d}"));
-            }
-        }
-    }
+    let problems = layer_problems(top, LAYERS);
     assert!(
         problems.is_empty(),
         "layer order broken:\n{}",
@@ -595,6 +629,56 @@ fn planted(files: &[(&str, &str)]) -> (tempfile::TempDir, BTreeMap<ModPath, Grap
     }
     let g = graphs(dir.path());
     (dir, g)
+}
+
+#[test]
+fn a_planted_upward_import_is_a_broken_layer() {
+    let layers: &[(&str, &[&str])] = &[("low", &[]), ("mid", &["low"]), ("high", &["mid"])];
+    let (_dir, g) = planted(&[
+        (
+            "lib.rs",
+            "pub mod high;\npub mod low;\npub mod mid;\npub mod stray;\n",
+        ),
+        ("high.rs", "use crate::mid::M;\npub struct H(M);\n"),
+        // Upward through an alias: the `use` names `high`, and so does the path.
+        (
+            "low/mod.rs",
+            "mod inner;\nuse crate::high as h;\npub fn f() -> h::H { todo!() }\n",
+        ),
+        // Skipping a layer: high may import mid only.
+        ("mid.rs", "pub struct M;\n"),
+        (
+            "low/inner.rs",
+            "pub fn g() -> crate::mid::M { crate::mid::M }\n",
+        ),
+        ("stray.rs", "pub struct S;\n"),
+    ]);
+    let problems = layer_problems(&g[&Vec::new()], layers);
+    assert_eq!(
+        problems,
+        [
+            "low imports high",
+            "low imports mid",
+            "stray is in no layer: add it to LAYERS and ARCHITECTURE.md"
+        ],
+        "{g:?}"
+    );
+}
+
+#[test]
+fn a_path_through_an_alias_is_resolved_to_the_module_it_names() {
+    // `web::tls::Pem` is `crate::srv::tls::Pem`: inside `srv`, `accept` imports `tls`.
+    let (_dir, g) = planted(&[
+        ("lib.rs", "pub mod srv;\n"),
+        ("srv/mod.rs", "mod accept;\nmod tls;\n"),
+        ("srv/tls.rs", "pub struct Pem;\n"),
+        (
+            "srv/accept.rs",
+            "use crate::srv as web;\nfn f() -> web::tls::Pem { web::tls::Pem }\n",
+        ),
+    ]);
+    let srv = &g[&vec!["srv".to_owned()]];
+    assert!(srv["accept"].contains("tls"), "{srv:?}");
 }
 
 #[test]
