@@ -439,11 +439,12 @@ mod tests {
             .collect()
     }
 
-    /// The memory figures of README/BENCHMARKS.md, each filled synthetically for a full
-    /// hour with the kernel ring: 8 and 64 targets with the default modes (5 ops) at a
-    /// 1 s interval (and 8 at the default 10 s), and the worst case the configuration allows, 8 targets with every
-    /// mode (13 ops each) at the 100 ms minimum, every second of the hour filled. Run
-    /// with `--nocapture` to see them.
+    /// The memory figures of BENCHMARKS.md ("The history and `/api/history`"), each
+    /// filled synthetically for a full hour with the kernel ring: 8 and 64 targets with
+    /// the default modes (5 ops) at a 1 s interval (and 8 at the default 10 s), and the
+    /// worst case the configuration allows, 8 targets with every mode (13 ops each) at
+    /// the 100 ms minimum, every second of the hour filled. Run with `--nocapture` to see
+    /// them.
     #[test]
     fn memory_of_a_full_hour_with_eight_targets() {
         let mib = |b: usize| b as f64 / (1 << 20) as f64;

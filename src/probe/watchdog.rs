@@ -39,10 +39,10 @@ pub fn run(
     // `waits::SAMPLE_PERIOD` while it lasts. The idle period stays one threshold, so a
     // quiet agent (whose calls take microseconds and are almost never in flight at a
     // look) wakes and reads exactly as without sampling: no read of procfs unless a call
-    // is blocked past its sampling point (BENCHMARKS.md, section `scale`). The price: a call
-    // that starts just after a look is first seen up to one idle period later, so its
-    // first sample may come late in its first threshold (at the crossing at the latest,
-    // taken before the crossing is counted).
+    // is blocked past its sampling point (BENCHMARKS.md, "Diagnosis (issue 12)"). The
+    // price: a call that starts just after a look is first seen up to one idle period
+    // later, so its first sample may come late in its first threshold (at the crossing at
+    // the latest, taken before the crossing is counted).
     let reader = Reader::default();
     loop {
         // Read again at every look: a reload may have changed the targets.
