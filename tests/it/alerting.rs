@@ -4,8 +4,9 @@
 //! Alertmanager (Debian's `prometheus-alertmanager`) with the shipped example
 //! configuration (deploy/alertmanager.example.yml; the receiver URL and `group_wait` are
 //! the test's), and a webhook receiver of the test's own. During a freeze,
-//! `StallwatchProbeBlocked` and `StallwatchStalls` arrive at the webhook with the target,
-//! the op and the cause, grouped by alertname, instance and target, and every link in
+//! `StallwatchStalls` (within seconds) and `StallwatchProbeBlocked` (after 30 s) arrive at
+//! the webhook with the target, the op and the cause (`frozen`), grouped by alertname,
+//! instance and target, and every link in
 //! them works: the `runbook_url` (into the packaged docs/alerts.md, at a heading) and the
 //! `stall_page_url` (the agent's /stalls page for that target, listing the stall).
 //!
@@ -316,6 +317,15 @@ fn a_freeze_alerts_the_webhook_with_target_op_cause_and_working_links() {
         };
         eprintln!(
             "arrived after the freeze: StallwatchStalls {:?}, StallwatchProbeBlocked {:?}",
+            first("StallwatchStalls"),
+            first("StallwatchProbeBlocked")
+        );
+        // The stall is counted at the crossing of stall_threshold (1 s): its alert comes
+        // first; the blocked-call alert only once the call has been held 30 s.
+        assert!(
+            first("StallwatchStalls") < first("StallwatchProbeBlocked")
+                && first("StallwatchProbeBlocked") >= Duration::from_secs(30),
+            "StallwatchStalls after {:?}, StallwatchProbeBlocked after {:?}",
             first("StallwatchStalls"),
             first("StallwatchProbeBlocked")
         );
