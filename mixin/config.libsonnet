@@ -14,6 +14,14 @@
     // 'https://git.example.org/ops/stallwatch/src/branch/main/docs/alerts.md#%s'.
     runbookURLPattern: 'file:///usr/share/doc/stallwatch/docs/alerts.md#%s',
 
+    // The stall_page_url annotation of the stall alerts (StallwatchProbeBlocked,
+    // StallwatchStalls): the agent's /stalls page filtered to the alert's target, a
+    // Prometheus template. The default fits when the instance label is the agent's own
+    // host:port (deploy/prometheus.yml). Where relabelling makes it something else, or the
+    // agent serves HTTPS (web-config), build the address from the labels you have, e.g.
+    // 'https://{{ $labels.instance }}.storage.example.org:19858/stalls?target={{ $labels.target | urlquery }}'.
+    stallPageURLPattern: 'http://{{ $labels.instance }}/stalls?target={{ $labels.target | urlquery }}',
+
     // Alert thresholds (seconds unless named otherwise) and their `for:` durations.
     // A probe inside one system call longer than this: StallwatchProbeBlocked.
     probeBlockedSeconds: 30,

@@ -59,7 +59,8 @@ for f in \
     ./usr/share/doc/stallwatch/examples/stallwatch.rules.yml \
     ./usr/share/doc/stallwatch/examples/grafana-stallwatch.json \
     ./usr/share/doc/stallwatch/examples/stallwatch.recording.rules.yml \
-    ./usr/share/doc/stallwatch/examples/grafana-stallwatch-fleet.json
+    ./usr/share/doc/stallwatch/examples/grafana-stallwatch-fleet.json \
+    ./usr/share/doc/stallwatch/examples/alertmanager.example.yml
 do
     grep -qxF "$f" <<<"$files" || fail "$f missing from the package"
 done
@@ -80,7 +81,8 @@ done
 for f in deploy/stallwatch.rules.yml:stallwatch.rules.yml \
          deploy/stallwatch.recording.rules.yml:stallwatch.recording.rules.yml \
          grafana/stallwatch.json:grafana-stallwatch.json \
-         grafana/stallwatch-fleet.json:grafana-stallwatch-fleet.json; do
+         grafana/stallwatch-fleet.json:grafana-stallwatch-fleet.json \
+         deploy/alertmanager.example.yml:alertmanager.example.yml; do
     cmp "${f%%:*}" "$extract/root/usr/share/doc/stallwatch/examples/${f##*:}" \
         || fail "packaged ${f##*:} differs from ${f%%:*}"
 done

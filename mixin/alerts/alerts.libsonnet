@@ -27,21 +27,32 @@ local u = import '../lib/utils.libsonnet';
         name: 'stallwatch',
         rules: std.map(withRunbook, [
           // A probe is stuck in a system call right now. The gauge rises while the call
-          // is blocked, so this fires during the stall, not after it returns.
+          // is blocked, so this fires during the stall, not after it returns. The cause
+          // label is where the kernel holds the call (stallwatch_probe_blocked_cause,
+          // sampled from a quarter of the stall threshold on); "unknown" where that gauge
+          // has no series (agents before 0.2.0).
           {
             alert: 'StallwatchProbeBlocked',
-            expr: 'stallwatch_probe_inflight_seconds%(sel)s > %(t)g' % (f { t: c.probeBlockedSeconds }),
+            expr: |||
+              (stallwatch_probe_inflight_seconds%(sel)s > %(t)g)
+                * ignoring (cause) group_left (cause)
+                stallwatch_probe_blocked_cause%(sel)s
+              or
+              label_replace(stallwatch_probe_inflight_seconds%(sel)s > %(t)g, "cause", "unknown", "", "")
+                unless ignoring (cause)
+                stallwatch_probe_blocked_cause%(sel)s
+            ||| % (f { t: c.probeBlockedSeconds }),
             labels: { severity: 'critical' },
             annotations: {
-              summary: '{{ $labels.op }} on {{ $labels.target }} ({{ $labels.instance }}) blocked for {{ $value | humanizeDuration }}',
+              summary: '{{ $labels.op }} on {{ $labels.target }} ({{ $labels.instance }}) blocked for {{ $value | humanizeDuration }}, cause {{ $labels.cause }}',
               description: u.fold(|||
                 The {{ $labels.mode }} probe on target {{ $labels.target }} of {{ $labels.instance }}
                 has been inside {{ $labels.op }}() for {{ $value | humanizeDuration }} and has not
-                returned; the kernel holds it in: {{ with printf "stallwatch_probe_blocked_cause{instance=%q,target=%q,mode=%q,op=%q}" $labels.instance $labels.target $labels.mode $labels.op | query }}{{ range . }}{{ .Labels.cause }}{{ end }}{{ else }}not sampled{{ end }}.
+                returned; the kernel holds it in a wait point of cause "{{ $labels.cause }}".
                 Applications writing to this filesystem are most likely blocked too.
-                Look at: http://{{ $labels.instance }}/api/stalls for the ongoing stall; the
-                runbook lists the rest.
-              |||),
+                Look at: %s for the ongoing stall; the runbook lists the rest.
+              ||| % c.stallPageURLPattern),
+              stall_page_url: c.stallPageURLPattern,
             },
           },
 
@@ -137,9 +148,10 @@ local u = import '../lib/utils.libsonnet';
                 {{ $labels.op }}() in the {{ $labels.mode }} probe on {{ $labels.target }} of
                 {{ $labels.instance }} exceeded the stall threshold {{ $value | humanize }} time(s)
                 in the last %s; the kernel held it in a wait point of cause
-                "{{ $labels.cause }}". Look at: http://{{ $labels.instance }}/api/stalls for each
-                stall's verdict; the runbook says what each cause means and what to do.
-              ||| % u.durationWords(c.alertWindow)),
+                "{{ $labels.cause }}". Look at: %s for each stall's verdict; the runbook says
+                what each cause means and what to do.
+              ||| % [u.durationWords(c.alertWindow), c.stallPageURLPattern]),
+              stall_page_url: c.stallPageURLPattern,
             },
           },
 

@@ -10,6 +10,7 @@
 mod support;
 
 mod agent;
+mod alerting;
 mod architecture;
 mod config_cli;
 mod deploy;

@@ -409,7 +409,7 @@ fn heading_slug(heading: &str) -> String {
 }
 
 /// The anchors of a Markdown page's headings (outside code blocks).
-fn heading_slugs(markdown: &str) -> BTreeSet<String> {
+pub(crate) fn heading_slugs(markdown: &str) -> BTreeSet<String> {
     let mut in_code = false;
     let mut out = BTreeSet::new();
     for line in markdown.lines() {

@@ -12,11 +12,13 @@
 //! * [`agent`]: the real `stallwatch` binary on a temporary config, its log captured;
 //!   [`http`]: the client that talks to it.
 //! * [`metrics`]: a parsed Prometheus text exposition with lookups by name and labels.
-//! * [`prom`]: a real Prometheus scraping agents, queried over its API.
+//! * [`prom`]: a real Prometheus scraping agents, queried over its API;
+//!   [`alertmanager`]: a real Alertmanager and the webhook receiver it notifies.
 //! * [`cmd`], [`mounts`], [`wait`], [`writer`]: external commands, the mount table,
 //!   bounded polling, and the random writer that fills a device's queue.
 
 pub mod agent;
+pub mod alertmanager;
 pub mod cmd;
 pub mod http;
 pub mod loopfs;

@@ -36,6 +36,19 @@ impl Prometheus {
         rule_files: &[PathBuf],
         interval: &str,
     ) -> Prometheus {
+        Prometheus::start_alerting(dir, job, targets, rule_files, interval, &[])
+    }
+
+    /// [`Prometheus::start`], sending its alerts to the Alertmanagers at `alertmanagers`
+    /// (host:port).
+    pub fn start_alerting(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        rule_files: &[PathBuf],
+        interval: &str,
+        alertmanagers: &[String],
+    ) -> Prometheus {
         let bin = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|d| d.join("prometheus"))
             .find(|p| p.is_file())
@@ -45,12 +58,21 @@ impl Prometheus {
             .map(|r| format!("  - {}\n", r.display()))
             .collect();
         let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+        let alerting = if alertmanagers.is_empty() {
+            String::new()
+        } else {
+            let ams: Vec<String> = alertmanagers.iter().map(|a| format!("\"{a}\"")).collect();
+            format!(
+                "alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: [{}]\n",
+                ams.join(", ")
+            )
+        };
         let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
                 "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\n\
-                 rule_files:\n{rules}\
+                 rule_files:\n{rules}{alerting}\
                  scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
                 targets.join(", ")
             ),
