@@ -264,6 +264,11 @@ impl StallLog {
         (inner.changes, Some(copy_events(&inner, usize::MAX)))
     }
 
+    /// The log's change count: bumped at every change of an event.
+    pub fn changes(&self) -> u64 {
+        lock(&self.inner).changes
+    }
+
     /// The event `id` as [`StallLog::events`] serves it; None when the ring holds no
     /// such event (never had it, or it was pushed out).
     pub fn event(&self, id: &str) -> Option<StallEvent> {

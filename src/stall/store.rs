@@ -252,18 +252,22 @@ pub fn load(dir: &Path) -> Result<Loaded, StoreError> {
     };
     match decoded {
         Decoded::Record { events, lost } => Ok(Loaded { events, lost }),
-        Decoded::Garbage(why) => {
-            let secs = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs();
-            let aside = dir.join(format!("{FILE}.corrupt-{secs}"));
-            match fs::rename(&path, &aside) {
-                Ok(()) => Err(StoreError::Garbage { path, why, aside }),
-                Err(source) => Err(StoreError::GarbageStays { path, why, source }),
-            }
-        }
+        Decoded::Garbage(why) => match move_aside(dir) {
+            Ok(aside) => Err(StoreError::Garbage { path, why, aside }),
+            Err(source) => Err(StoreError::GarbageStays { path, why, source }),
+        },
     }
+}
+
+/// Renames the record in `dir` to `stalls.jsonl.corrupt-UNIXTIME` beside it.
+fn move_aside(dir: &Path) -> io::Result<PathBuf> {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let aside = dir.join(format!("{FILE}.corrupt-{secs}"));
+    fs::rename(dir.join(FILE), &aside)?;
+    Ok(aside)
 }
 
 /// `stallwatch_storage_errors_total`, registered whether or not a directory is given
@@ -350,6 +354,9 @@ fn run(
         errors: Arc::clone(errors),
         since: None,
     };
+    // A file that is not a record but could not be moved aside (a read-only directory)
+    // is moved before anything is written over it: it is never deleted.
+    let mut garbage_stays = false;
     match load(dir) {
         Ok(loaded) => {
             let read = loaded.events.len();
@@ -362,25 +369,40 @@ fn run(
         }
         Err(e) => {
             errors.inc();
+            garbage_stays = matches!(e, StoreError::GarbageStays { .. });
             warn!(error = %e, "stall record not loaded; starting a new one");
         }
     }
-    // None: the loaded record is not written back until the log changes; a failure
-    // leaves it None, so the next look tries again.
-    let mut written: Option<u64> = None;
-    let (first, _) = log.events_if_changed(None);
-    written.get_or_insert(first);
+    // The record just loaded is not written back until the log changes.
+    let mut written = log.changes();
     loop {
         let last = match stop.recv_timeout(PERIOD) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
             Err(RecvTimeoutError::Timeout) => false,
         };
-        let retry = failing.since.is_some();
-        let known = if retry { None } else { written };
+        // After a failure, the next look writes whether or not the log changed since.
+        let known = failing.since.is_none().then_some(written);
         if let (changes, Some(events)) = log.events_if_changed(known) {
-            match write(dir, &encode(&events, MAX_BYTES)) {
+            let result = if garbage_stays {
+                match move_aside(dir) {
+                    Ok(aside) => {
+                        warn!(aside = %aside.display(), "the file that was not a stall record is moved aside");
+                        garbage_stays = false;
+                        Ok(())
+                    }
+                    // Someone removed it meanwhile: nothing is left to keep.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        garbage_stays = false;
+                        Ok(())
+                    }
+                    Err(e) => Err(io_at(&dir.join(FILE))(e)),
+                }
+            } else {
+                Ok(())
+            };
+            match result.and_then(|()| write(dir, &encode(&events, MAX_BYTES))) {
                 Ok(()) => {
-                    written = Some(changes);
+                    written = changes;
                     failing.succeeded(dir);
                 }
                 Err(e) => failing.failed(&e),

@@ -607,3 +607,45 @@ fn a_hung_state_disk_delays_nothing_and_does_not_block_shutdown() {
     state.thaw();
     assert!(agent.wait_exit(Duration::from_secs(10)).is_some());
 }
+
+/// Garbage in a read-only state directory cannot be moved aside at start: it stays, is
+/// never written over, and is moved aside (same bytes) before the first write once the
+/// directory is writable again.
+#[test]
+fn garbage_in_a_read_only_dir_is_moved_aside_once_writable_never_overwritten() {
+    if !require_root("garbage_in_a_read_only_dir_is_moved_aside_once_writable_never_overwritten") {
+        return;
+    }
+    let _machine = machine::shared();
+    let mut state = LoopFs::new("ext4", 16);
+    let dir = state.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let garbage = b"{\"not\": \"a record\"}\n".repeat(10);
+    std::fs::write(dir.join(RECORD), &garbage).unwrap();
+    state.remount_ro();
+    let mut fs = LoopFs::new("ext4", 64);
+    let agent = start(&yaml(fs.path(), "frozen"), &dir);
+    assert!(agent.wait_log("could not be moved aside", Duration::from_secs(5)));
+    let stall = one_stall(&mut fs, &agent, "frozen", 1.6);
+    let id = stall["id"].as_str().unwrap().to_owned();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::read(dir.join(RECORD)).unwrap(), garbage);
+    assert!(storage_errors(&agent) >= 2.0);
+    state.remount_rw();
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+            on_disk(&dir, &id)
+        }),
+        "{}",
+        agent.log_tail(20)
+    );
+    let aside: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), garbage, "the same bytes");
+    drop(agent);
+}
