@@ -250,6 +250,8 @@ fn a_completed_event_survives_a_clean_restart() {
     let mut agent = start(&yaml, state.path());
     let done = one_stall(&mut fs, &agent, "frozen", 2.0);
     let id = done["id"].as_str().unwrap().to_owned();
+    let chart_before = window_charts(&agent, &id);
+    assert!(!chart_before.is_empty(), "no device chart on /stalls/{id}");
     agent.signal("TERM");
     assert!(agent.wait_exit(Duration::from_secs(10)).is_some());
     drop(agent);
@@ -275,7 +277,19 @@ fn a_completed_event_survives_a_clean_restart() {
     ] {
         assert_eq!(e[k], done[k], "{k}");
     }
+    // The device window's per-interval figures, not in the JSON, are kept too.
+    assert_eq!(window_charts(&agent, &id), chart_before);
     assert_eq!(storage_errors(&agent), 0.0);
+}
+
+/// The device window charts (`<svg class="window" ...>`) of `/stalls/{id}`.
+fn window_charts(agent: &Agent, id: &str) -> Vec<String> {
+    let (status, page, _) = agent.get(&format!("/stalls/{id}"));
+    assert_eq!(status, 200);
+    page.split("<svg class=\"window\"")
+        .skip(1)
+        .map(|s| s.split("</svg>").next().unwrap().to_owned())
+        .collect()
 }
 
 /// One event line as the record holds it, for the tests that write a record by hand
