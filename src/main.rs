@@ -61,6 +61,10 @@ struct Cli {
     /// sysfs mount point, e.g. the host's /sys mounted elsewhere in a container.
     #[arg(long = "path.sysfs", value_name = "DIR", default_value = kernfs::DEFAULT_SYSFS)]
     sysfs: PathBuf,
+    /// Directory where the stall record is kept across restarts (created if missing;
+    /// the unit's StateDirectory=). Without it, nothing is written.
+    #[arg(long = "storage.path", value_name = "DIR")]
+    storage_path: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -137,6 +141,7 @@ fn main() -> ExitCode {
                 proc_root: cli.procfs,
                 sys_root: cli.sysfs,
             };
+            let storage = cli.storage_path;
             match run_agent(
                 cli.config.as_deref(),
                 cli.listen_address.as_deref(),
@@ -144,6 +149,7 @@ fn main() -> ExitCode {
                 web,
                 roots,
                 memory_lock,
+                storage,
             ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -184,6 +190,7 @@ fn run_agent(
     web: WebArgs,
     roots: Roots,
     memory_lock: resident::Lock,
+    storage: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let source = match config {
         Some(p) => config::Source::File(p.to_owned()),
@@ -237,6 +244,7 @@ fn run_agent(
         limits,
         lifecycle: web.lifecycle,
         memory_lock,
+        storage,
     };
     agent::run(config, source, options)
 }

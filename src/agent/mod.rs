@@ -8,6 +8,7 @@ pub mod reload;
 pub mod resident;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use crate::probe::watchdog;
 use crate::probe::{self, Context, ProbeMetrics};
 use crate::sampler::{Latest, Sampler, SamplerMetrics};
 use crate::stall::log::StallLog;
+use crate::stall::store::{self, Store};
 use crate::stall::wake::Wake;
 use crate::stall::worker;
 use reload::Reloader;
@@ -42,6 +44,8 @@ pub struct Options {
     pub lifecycle: bool,
     /// What `resident::lock` achieved at start-up, for `stallwatch_memory_locked`.
     pub memory_lock: Lock,
+    /// `--storage.path`: where the stall record is kept; None: nothing is written.
+    pub storage: Option<PathBuf>,
 }
 
 /// Where the HTTP server listens.
@@ -61,6 +65,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         limits,
         lifecycle,
         memory_lock,
+        storage,
     } = options;
     let shutdown = Arc::new(Shutdown::default());
     // Each module registers the families it owns; the scrape encodes the registry.
@@ -77,6 +82,15 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         &registry,
         Arc::clone(&wake),
     ));
+    // The stall record: its own thread loads it into the log and keeps it written.
+    let storage_errors = store::register(&registry);
+    let store = match storage {
+        Some(dir) => Some(
+            Store::start(dir, Arc::clone(&stalls), storage_errors)
+                .context("spawning the stall record's thread")?,
+        ),
+        None => None,
+    };
     let history = Arc::new(History::new());
     let ctx = Arc::new(Context::new(
         Arc::new(ProbeMetrics::new(&registry)),
@@ -202,6 +216,9 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
     wake.close();
     let _ = evidence.join();
     reloader.shutdown();
+    if let Some(store) = store {
+        store.stop(store::SHUTDOWN_WAIT);
+    }
     info!("stopped");
     Ok(())
 }

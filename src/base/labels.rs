@@ -232,6 +232,7 @@ fn or_list<T: Copy + Into<&'static str>>(values: &[T]) -> String {
     PartialOrd,
     Ord,
     Serialize,
+    Deserialize,
     strum::IntoStaticStr,
     strum::Display,
     strum::VariantArray,

@@ -74,11 +74,22 @@ struct ListRow {
     ongoing: bool,
     cause: &'static str,
     verdict: String,
+    /// "restored" or "restored, interrupted" for events of an earlier run; empty else.
+    note: &'static str,
 }
 
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
     target: Option<String>,
+}
+
+/// How the list marks an event an earlier run recorded.
+fn restored_note(e: &StallEvent) -> &'static str {
+    match (e.restored, e.interrupted) {
+        (true, true) => " (restored, interrupted)",
+        (true, false) => " (restored)",
+        _ => "",
+    }
 }
 
 /// `GET /stalls`: every event the log holds, newest first.
@@ -100,6 +111,7 @@ pub(super) async fn list(State(app): State<Arc<App>>, Query(q): Query<ListQuery>
             ),
             ongoing: e.ongoing,
             cause: e.cause.as_str(),
+            note: restored_note(&e),
             verdict: e.verdict,
             target: e.target,
         })
@@ -134,6 +146,9 @@ struct Page<'a> {
     target_href: String,
     verdict: String,
     ongoing: bool,
+    /// Recorded by an earlier run (`--storage.path`), and whether it was cut short.
+    restored: bool,
+    interrupted: bool,
     started: String,
     held: String,
     mode: &'static str,
@@ -477,6 +492,8 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
         json_href: format!("/api/stalls/{}", e.id),
         target_href: target_href(&e.target),
         ongoing: e.ongoing,
+        restored: e.restored,
+        interrupted: e.interrupted,
         started: utc(e.started_at),
         held: held(&e),
         mode: e.mode,

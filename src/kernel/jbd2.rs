@@ -8,14 +8,14 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::kernel::kernfs::{self, read_parse, ParseError, ReadError};
 
 /// The parsed `info` file; times in seconds (the kernel prints ms, and µs for the
 /// commit time). A journal without a transaction yet prints only the first line: the
 /// averages are then None.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct JournalInfo {
     pub transactions: u64,
     /// Commits asked for (fsync, sync) rather than started by the commit timer.

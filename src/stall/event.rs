@@ -1,12 +1,14 @@
 //! A stall event as `/api/stalls` serves it (field names are contract, SPEC), and how
 //! an event is built up: the kernel's state folded in sample by sample, the wait-point
-//! samples, the other lanes blocked at the same time, the verdict.
+//! samples, the other lanes blocked at the same time, the verdict. Events also
+//! deserialize from the same JSON, for the stall record on disk (`store.rs`).
 
 use std::time::{Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
+use strum::VariantArray;
 
-use crate::base::labels::Cause;
+use crate::base::labels::{Cause, Mode, Op};
 use crate::kernel::blockdev::SyncAction;
 use crate::kernel::snapshot::Snapshot;
 use crate::stall::evidence::{self, Evidence, Scope};
@@ -15,7 +17,7 @@ use crate::stall::verdict::{self, Facts};
 use crate::stall::waits::{SymbolCount, WaitSamples};
 
 /// The kernel's state over a stall's window. Field names are contract (SPEC).
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct VmContext {
     pub dirty_bytes_start: u64,
     pub dirty_bytes_max: u64,
@@ -29,11 +31,14 @@ pub struct VmContext {
 
 /// An md array beneath the target and its sync action during the stall (the busiest
 /// one seen: a check that ran for part of the window is reported).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MdContext {
     pub device: String,
     /// `unknown` until the sampler has read the array.
-    #[serde(serialize_with = "action_or_unknown")]
+    #[serde(
+        serialize_with = "action_or_unknown",
+        deserialize_with = "action_from_name"
+    )]
     pub sync_action: Option<SyncAction>,
 }
 
@@ -50,27 +55,78 @@ fn action_or_unknown<S: serde::Serializer>(
     s.serialize_str(a.map_or("unknown", SyncAction::as_str))
 }
 
+fn action_from_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SyncAction>, D::Error> {
+    let name = String::deserialize(d)?;
+    Ok(name.parse().ok())
+}
+
+/// The `&'static str` among `names` that a stored name spells.
+fn static_name<'de, D: Deserializer<'de>>(
+    d: D,
+    names: impl Iterator<Item = &'static str>,
+) -> Result<&'static str, D::Error> {
+    let name = String::deserialize(d)?;
+    let mut names = names;
+    names
+        .find(|n| *n == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown name {name:?}")))
+}
+
+fn mode_name<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    static_name(d, Mode::VARIANTS.iter().map(|m| m.as_str()))
+}
+
+fn op_name<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    static_name(d, Op::VARIANTS.iter().map(|o| o.as_str()))
+}
+
+fn from_rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_rfc3339(&s).map_err(serde::de::Error::custom)
+}
+
+/// `&'static str` under another name: serde borrows a field spelled `&str` from the
+/// input, which would tie every event read to the bytes it was read from; these are
+/// mapped to the program's own names instead (`mode_name`, `op_name`).
+type Name = &'static str;
+
+/// The key of an event restored from disk: no lane has it, so no call of this run
+/// finds it.
+fn restored_key() -> (usize, u64) {
+    (usize::MAX, u64::MAX)
+}
+
 /// The backing device and its peak in-flight requests during the stall.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeviceContext {
     pub device: String,
     pub inflight_requests_max: u64,
 }
 
 /// One stall, as `/api/stalls` serves it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StallEvent {
     /// Unique across restarts and agents on one host (`id.rs`); set when the event
     /// appears and kept when it completes.
     pub id: String,
     pub target: String,
-    pub mode: &'static str,
-    pub op: &'static str,
-    #[serde(serialize_with = "rfc3339")]
+    #[serde(deserialize_with = "mode_name")]
+    pub mode: Name,
+    #[serde(deserialize_with = "op_name")]
+    pub op: Name,
+    #[serde(serialize_with = "rfc3339", deserialize_with = "from_rfc3339")]
     pub started_at: SystemTime,
     /// Time blocked so far while ongoing; the call's duration once it returned.
     pub duration_seconds: f64,
     pub ongoing: bool,
+    /// The event was ongoing when the agent that recorded it died (crash, `kill -9`):
+    /// restored with the duration known at the stall record's last write.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// Loaded from the stall record (`--storage.path`) at start: recorded by an earlier
+    /// run of the agent, not counted in this run's metrics.
+    #[serde(default)]
+    pub restored: bool,
     pub error: Option<String>,
     pub vm: VmContext,
     pub md: Vec<MdContext>,
@@ -93,10 +149,10 @@ pub struct StallEvent {
     /// Who was dirtying, what the devices did, the journal: read by the evidence worker
     /// from the crossing on, once a second, and once more after the call returned.
     pub evidence: Evidence,
-    #[serde(skip)]
+    #[serde(skip, default = "Instant::now")]
     pub(super) started: Instant,
     /// The lane and the call's sequence number in it.
-    #[serde(skip)]
+    #[serde(skip, default = "restored_key")]
     pub(super) key: (usize, u64),
     #[serde(skip)]
     pub(super) pressure_start: Option<(f64, f64)>,
@@ -116,10 +172,12 @@ pub struct StallEvent {
 pub struct EventId(pub(super) usize, pub(super) u64);
 
 /// Another lane's call, blocked at the same time as the stalled one.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BlockedLane {
-    pub mode: &'static str,
-    pub op: &'static str,
+    #[serde(deserialize_with = "mode_name")]
+    pub mode: Name,
+    #[serde(deserialize_with = "op_name")]
+    pub op: Name,
     /// The longest it was seen blocked while the stall lasted.
     pub blocked_seconds: f64,
 }

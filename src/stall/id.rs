@@ -43,6 +43,21 @@ impl Ids {
     }
 }
 
+impl Ids {
+    /// Makes sure `id`, taken by an earlier run and restored from disk, is never given
+    /// again: only an id of this generator's own prefix (same millisecond, same random
+    /// draw) could be, and then the sequence moves past it.
+    pub fn reserve(&self, id: &str) {
+        let Some(n) = id
+            .strip_prefix(&self.head)
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            return;
+        };
+        self.next.fetch_max(n.saturating_add(1), Ordering::Relaxed);
+    }
+}
+
 /// The process's generator: the wall clock and the random draw at its first use.
 static PROCESS: LazyLock<Ids> = LazyLock::new(|| {
     let now = SystemTime::now()
@@ -71,6 +86,11 @@ pub fn init() {
 /// The next id of this process.
 pub fn next() -> String {
     PROCESS.next()
+}
+
+/// Keeps a restored event's id out of this process's ids ([`Ids::reserve`]).
+pub fn reserve(id: &str) {
+    PROCESS.reserve(id);
 }
 
 #[cfg(test)]
@@ -113,6 +133,17 @@ mod tests {
         let later = parse(&next());
         assert_eq!(later.0, millis, "one prefix per process");
         assert!(later.2 > seq, "numbered in the order taken");
+    }
+
+    #[test]
+    fn a_restored_id_of_the_same_prefix_is_never_given_again() {
+        let ids = Ids::new(0x19a_e3f2_c1b0, 0x7f3a);
+        ids.reserve("019ae3f2c1b0-00007f3a-41");
+        ids.reserve("019ae3f2c1b0-00007f3b-900");
+        ids.reserve("garbage");
+        assert_eq!(ids.next(), "019ae3f2c1b0-00007f3a-42");
+        ids.reserve("019ae3f2c1b0-00007f3a-3");
+        assert_eq!(ids.next(), "019ae3f2c1b0-00007f3a-43");
     }
 
     #[test]

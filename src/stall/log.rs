@@ -211,6 +211,41 @@ impl StallLog {
                 verdict = %ev.verdict,
                 "stall evidence");
         }
+        // The stall record (`store.rs`) and `/api/history` see the new evidence.
+        inner.changes += 1;
+    }
+
+    /// Events an earlier run recorded (`store.rs`), newest first: kept behind this
+    /// run's, up to the log's capacity, marked `restored` (and `interrupted` when they
+    /// were still ongoing), never counted. Ids of this run stay unique past theirs.
+    pub fn restore(&self, events: Vec<StallEvent>) -> usize {
+        let mut inner = lock(&self.inner);
+        let now = SystemTime::now();
+        let mut kept = 0;
+        for mut ev in events {
+            if inner.events.len() >= self.capacity {
+                break;
+            }
+            if inner.events.iter().any(|e| e.id == ev.id) {
+                continue;
+            }
+            id::reserve(&ev.id);
+            ev.restored = true;
+            ev.key = (usize::MAX, u64::MAX);
+            // Only the wall clock survives a restart; the monotonic start is its
+            // best image in this run (used for nothing once the event is over).
+            let ago = now.duration_since(ev.started_at).unwrap_or_default();
+            ev.started = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+            if ev.ongoing {
+                ev.ongoing = false;
+                ev.interrupted = true;
+            }
+            set_verdict(&mut ev);
+            inner.events.push_back(ev);
+            kept += 1;
+        }
+        inner.changes += 1;
+        kept
     }
 
     /// The recent events, newest first, ongoing ones with their age so far.
@@ -227,6 +262,11 @@ impl StallLog {
             return (inner.changes, None);
         }
         (inner.changes, Some(copy_events(&inner, usize::MAX)))
+    }
+
+    /// The log's change count: bumped at every change of an event.
+    pub fn changes(&self) -> u64 {
+        lock(&self.inner).changes
     }
 
     /// The event `id` as [`StallLog::events`] serves it; None when the ring holds no
@@ -403,6 +443,8 @@ impl StallLog {
             started_at: SystemTime::now() - started.elapsed(),
             duration_seconds: started.elapsed().as_secs_f64(),
             ongoing,
+            interrupted: false,
+            restored: false,
             error: None,
             vm: VmContext::default(),
             md: devs

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::base::labels::Cause;
 use crate::base::sync::lock;
@@ -144,7 +144,7 @@ impl Reader {
 }
 
 /// A wchan symbol and how many samples showed it (event field `wchan`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SymbolCount {
     pub symbol: String,
     pub count: u64,

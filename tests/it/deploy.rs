@@ -160,7 +160,9 @@ fn systemd_socket_example_verifies() {
     assert_eq!(exec.len(), 2, "ExecStart= reset, then set: {exec:?}");
     assert!(exec[0].is_empty());
     assert!(
-        exec[1].starts_with("/usr/bin/stallwatch ") && exec[1].contains("--web.systemd-socket"),
+        exec[1].starts_with("/usr/bin/stallwatch ")
+            && exec[1].contains("--web.systemd-socket")
+            && exec[1].contains("--storage.path /var/lib/stallwatch"),
         "{exec:?}"
     );
     assert!(directives(&dropin, "Requires").contains(&"stallwatch.socket".to_string()));
@@ -310,8 +312,10 @@ fn systemd_unit_hardening_as_documented() {
     }
     assert_eq!(
         one("ExecStart"),
-        "/usr/bin/stallwatch --config /etc/stallwatch/config.yaml"
+        "/usr/bin/stallwatch --config /etc/stallwatch/config.yaml --storage.path /var/lib/stallwatch"
     );
+    // The stall record's directory: systemd creates it for the service's user.
+    assert_eq!(one("StateDirectory"), "stallwatch");
     // The base unit probes nothing by itself: the mount points come from the drop-in.
     assert!(directives(&unit, "ReadWritePaths").is_empty());
     assert!(

@@ -29,5 +29,6 @@ mod reload;
 mod resident;
 mod socket_activation;
 mod stalls;
+mod storage;
 mod systemd;
 mod web;

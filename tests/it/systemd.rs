@@ -7,7 +7,9 @@
 //! target seen going down — in the agent's metrics and, independently, in the service's
 //! own mount table — and back up after the remount; `systemctl reload`; the memory lock
 //! as the unit allows it; `systemctl stop` timed; socket activation through the shipped
-//! `stallwatch.socket` example; `apt purge` leaving no `/etc/stallwatch`.
+//! `stallwatch.socket` example; a stall recorded under `/var/lib/stallwatch` (the unit's
+//! StateDirectory=) kept across an upgrade to a rebuilt package of a higher version;
+//! `apt purge` leaving no `/etc/stallwatch` and no `/var/lib/stallwatch`.
 //!
 //! The network namespace has only a loopback: the service's 0.0.0.0:19858 never meets
 //! the host's ports. systemd is powered off (SIGRTMIN+4) at the end, killed if it does
@@ -167,13 +169,21 @@ fn cached_root() -> PathBuf {
 /// uses (so a package check in the same run shares the release build; cargo's lock on
 /// that directory serialises the two), into `out`.
 fn build_deb(out: &Path) -> PathBuf {
+    build_deb_with(out, &[])
+}
+
+/// [`build_deb`] with more `cargo deb` arguments (`--no-build --deb-version V`: the same
+/// binary packaged again under another version, for an upgrade).
+fn build_deb_with(out: &Path, extra: &[&str]) -> PathBuf {
     tool("cargo-deb", "cargo install cargo-deb --locked");
     let t0 = Instant::now();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     exec_ok(
         3000,
         Command::new(cargo)
-            .args(["deb", "--locked", "--output"])
+            .args(["deb", "--locked"])
+            .args(extra)
+            .arg("--output")
             .arg(out)
             .current_dir(repo())
             .env("CARGO_TARGET_DIR", repo().join("target/deb-check")),
@@ -411,7 +421,7 @@ fn debian_package_under_real_systemd() {
 
     // The array: a loop filesystem, declared before the system that mounts it, so the
     // system is powered off (and its mounts of it gone) before the filesystem is torn down.
-    let raid = LoopFs::new("ext4", 64);
+    let mut raid = LoopFs::new("ext4", 64);
 
     let t_boot = Instant::now();
     let sys = Booted::boot(&lower);
@@ -741,6 +751,100 @@ fn debian_package_under_real_systemd() {
     );
     assert_eq!(main_pid(), pid_before, "reload restarted the agent");
 
+    // The stall record across an upgrade: a freeze of the array makes a stall, which
+    // the agent writes under /var/lib/stallwatch (StateDirectory=); the same binary
+    // packaged again with a higher version is installed over it (dpkg restarts the
+    // service) and the event is still served, marked restored.
+    assert!(
+        sys.path("/var/lib/stallwatch").is_dir(),
+        "StateDirectory= did not create /var/lib/stallwatch"
+    );
+    let raid0_event = |done_only: bool| -> Option<serde_json::Value> {
+        let body = sys.scrape("/api/stalls").ok()?;
+        let events: Vec<serde_json::Value> = serde_json::from_str(&body).ok()?;
+        events
+            .into_iter()
+            .find(|e| e["target"] == "raid0" && (!done_only || e["ongoing"] == false))
+    };
+    raid.freeze();
+    let frozen = Instant::now();
+    let seen = wait_until(Duration::from_secs(8), Duration::from_millis(200), || {
+        raid0_event(false).is_some()
+    });
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(frozen.elapsed()));
+    raid.thaw();
+    assert!(
+        seen,
+        "no stall of raid0 during a 3 s freeze:\n{}",
+        sys.journal("stallwatch")
+    );
+    let mut stall = None;
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+            stall = raid0_event(true);
+            stall.is_some()
+        }),
+        "the raid0 stall did not complete"
+    );
+    let stall = stall.unwrap();
+    let id = stall["id"].as_str().unwrap().to_owned();
+    let record = sys.path("/var/lib/stallwatch/stalls.jsonl");
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(200), || {
+            std::fs::read_to_string(&record).is_ok_and(|t| t.contains(&id))
+        }),
+        "{} does not hold the stall {id}",
+        record.display()
+    );
+    let old_version = sys.sh_ok(10, "dpkg-query -W -f '${Version}' stallwatch");
+    let new_version = format!("{}+upgrade1", old_version.trim());
+    let out2 = tempfile::tempdir().unwrap();
+    let deb2 = build_deb_with(out2.path(), &["--no-build", "--deb-version", &new_version]);
+    std::fs::copy(&deb2, sys.path("/tmp/stallwatch-upgrade.deb")).unwrap();
+    let pid_before_upgrade = sys
+        .sh_ok(10, "systemctl show -p MainPID --value stallwatch.service")
+        .trim()
+        .to_string();
+    let t0 = Instant::now();
+    sys.sh_ok(300, "dpkg -i /tmp/stallwatch-upgrade.deb");
+    eprintln!(
+        "upgrade {} -> {new_version}: {:.1} s",
+        old_version.trim(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        sys.sh_ok(10, "dpkg-query -W -f '${Version}' stallwatch")
+            .trim(),
+        new_version
+    );
+    let mut restored = None;
+    let back = wait_until(Duration::from_secs(30), Duration::from_millis(250), || {
+        let pid = sys
+            .sh(10, "systemctl show -p MainPID --value stallwatch.service")
+            .1;
+        if pid.trim() == pid_before_upgrade || pid.trim() == "0" {
+            return false;
+        }
+        restored = sys
+            .scrape(&format!("/api/stalls/{id}"))
+            .ok()
+            .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok());
+        restored.is_some()
+    });
+    assert!(
+        back,
+        "the stall {id} is not served after the upgrade:\n{}",
+        sys.journal("stallwatch")
+    );
+    let restored = restored.unwrap();
+    eprintln!("after the upgrade: {restored}");
+    assert_eq!(restored["restored"], true, "{restored}");
+    assert_eq!(restored["interrupted"], false, "{restored}");
+    for k in ["target", "op", "started_at", "duration_seconds", "verdict"] {
+        assert_eq!(restored[k], stall[k], "{k}");
+    }
+    assert!(up(1.0), "raid0 not up after the upgrade");
+
     // systemctl stop, timed: probe files removed, the process gone.
     let t0 = Instant::now();
     sys.sh_ok(60, "systemctl stop stallwatch.service");
@@ -801,13 +905,17 @@ fn debian_package_under_real_systemd() {
          systemctl daemon-reload",
     );
 
-    // apt purge: no /etc/stallwatch left.
+    // apt purge: no /etc/stallwatch and no /var/lib/stallwatch left.
     let t0 = Instant::now();
     sys.sh_ok(120, "apt-get purge -y stallwatch");
     eprintln!("apt purge: {:.1} s", t0.elapsed().as_secs_f64());
     assert!(
         !sys.path("/etc/stallwatch").exists(),
         "/etc/stallwatch left after apt purge"
+    );
+    assert!(
+        !sys.path("/var/lib/stallwatch").exists(),
+        "/var/lib/stallwatch (the stall record) left after apt purge"
     );
     assert!(!sys.path("/usr/bin/stallwatch").exists());
     assert_eq!(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::reading::{Reading, Scope};
 use crate::kernel::cgroups;
@@ -27,7 +27,7 @@ const MAX_INTERVALS: usize = 60;
 
 /// A cgroup named in the event: its dirty and writeback memory when their sum peaked,
 /// and what it wrote to the target's disk during the window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dirtier {
     pub cgroup: String,
     pub dirty_bytes: u64,
@@ -36,7 +36,7 @@ pub struct Dirtier {
 }
 
 /// A process named in the event, by bytes written during the window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Writer {
     pub pid: u32,
     pub comm: String,
@@ -48,11 +48,12 @@ pub struct Writer {
 /// A backing device's figures over the window: rates per interval of about a second
 /// (peak and minimum), averages over the whole window. Rates are None until two
 /// readings half a second apart.
-#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct DeviceFigures {
     pub device: String,
     /// `disk` (beneath the target) or `md_member`.
-    pub role: &'static str,
+    #[serde(deserialize_with = "role_name")]
+    pub role: Role,
     pub window_seconds: f64,
     pub written_bytes: u64,
     pub write_bytes_per_second_avg: Option<f64>,
@@ -72,14 +73,15 @@ pub struct DeviceFigures {
     pub inflight_writes_max: u64,
     pub nr_requests: Option<u64>,
     /// The rates of each interval, oldest first, for the stall page's chart (at most
-    /// 60: neighbours merged in pairs past that). Not part of the event's JSON.
+    /// 60: neighbours merged in pairs past that). Not part of the event's JSON; the
+    /// stall record on disk keeps them beside it (`stall/store.rs`).
     #[serde(skip)]
     pub intervals: Vec<DeviceInterval>,
 }
 
 /// One interval of a device's window: from `start_seconds` after the window's first
 /// reading, `seconds` long.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct DeviceInterval {
     pub start_seconds: f64,
     pub seconds: f64,
@@ -93,7 +95,7 @@ pub struct DeviceInterval {
 }
 
 /// The ext4 journal during the window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalFigures {
     /// The jbd2 name, `sda1-8`.
     pub journal: String,
@@ -103,8 +105,21 @@ pub struct JournalFigures {
     pub end: JournalInfo,
 }
 
+/// `&'static str` under another name, so serde does not borrow it from the input (it
+/// does for a field spelled `&str`); read back by `role_name`.
+type Role = &'static str;
+
+/// A device's role as stored: one of the two names [`DeviceFigures::role`] takes.
+fn role_name<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    let name = String::deserialize(d)?;
+    ["disk", "md_member"]
+        .into_iter()
+        .find(|r| *r == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown device role {name:?}")))
+}
+
 /// What the event says about the window, beyond the VM counters.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
     /// Readings folded in: 0 when the call returned before the watchdog saw it.
     pub reads: u32,
