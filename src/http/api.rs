@@ -253,10 +253,9 @@ fn history_body(app: &App, q: &HistoryQuery) -> Vec<u8> {
                 for (j, s) in h.series.iter().enumerate() {
                     levels.fill(None);
                     for p in s.stepped(strip_from, strip) {
-                        if let Some(l) = p
-                            .t
-                            .checked_sub(strip_from)
-                            .and_then(|d| levels.get_mut((d / strip) as usize))
+                        if let Some(l) =
+                            p.t.checked_sub(strip_from)
+                                .and_then(|d| levels.get_mut((d / strip) as usize))
                         {
                             *l = Some(worst_level(p.max, threshold));
                         }
@@ -449,7 +448,10 @@ mod tests {
         let poll: serde_json::Value =
             serde_json::from_str(&overview_json(&app, Some(since), Some(3600), Some(version)))
                 .unwrap();
-        let n = poll["targets"][5]["ops"][1]["worst"].as_array().unwrap().len();
+        let n = poll["targets"][5]["ops"][1]["worst"]
+            .as_array()
+            .unwrap()
+            .len();
         assert!((1..=2).contains(&n), "{n}");
         assert!(poll.get("stalls").is_none());
         // One target's full series, for its detail.
@@ -462,7 +464,12 @@ mod tests {
             view: View::Full,
         };
         let one: serde_json::Value = serde_json::from_slice(&history_body(&app, &q)).unwrap();
-        let names: Vec<_> = one["targets"].as_array().unwrap().iter().map(|t| &t["name"]).collect();
+        let names: Vec<_> = one["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["name"])
+            .collect();
         assert_eq!(names, ["target42"]);
         assert_eq!(one["targets"][0]["series"].as_array().unwrap().len(), 5);
     }

@@ -23,10 +23,7 @@ pub fn full_hour(rss_bytes: impl Fn() -> u64) -> (App, u64, Vec<(u64, u64)>) {
 }
 
 /// [`full_hour`] with `targets` targets (the stall events spread over the first 8).
-pub fn full_hour_of(
-    targets: usize,
-    rss_bytes: impl Fn() -> u64,
-) -> (App, u64, Vec<(u64, u64)>) {
+pub fn full_hour_of(targets: usize, rss_bytes: impl Fn() -> u64) -> (App, u64, Vec<(u64, u64)>) {
     let registry = Registry::new();
     let metrics = ProbeMetrics::new(&registry);
     let rss0 = rss_bytes();
