@@ -264,7 +264,8 @@
         if (!S.auto) dq += '&target=' + encodeURIComponent(open);
         if (!again) dq += '&since=' + S.from;
         return getJson(dq).then(function (dd) {
-          if (range !== S.range || wantFull) return;
+          // Dropped when the range or the open target changed meanwhile.
+          if (range !== S.range || wantFull || want !== (S.auto ? '*' : S.open)) return;
           if (again) S.targets = [];
           applyDetail(dd, again);
           S.detailOf = want;
@@ -394,7 +395,7 @@
       var w = r.querySelector('.ov-worst');
       var bl = blockedCalls(t);
       var age = bl.reduce(function (m, c) { return Math.max(m, c.age_seconds + (performance.now() - S.fetchedAt) / 1000); }, 0);
-      w.textContent = bl.length ? 'blocked ' + fmtAge(age) : k.worst > -99 ? (k.worst >= 0 ? '≥ ' : '< ') + fmtDur(t.stall_threshold_seconds * Math.pow(10, (k.worst + (k.worst >= 0 ? 0 : 1)) / 10)) : '–';
+      w.textContent = bl.length ? 'blocked ' + (age < 60 ? age.toFixed(1) : age.toFixed(0)) + ' s' : k.worst > -99 ? (k.worst >= 0 ? '≥ ' : '< ') + fmtDur(t.stall_threshold_seconds * Math.pow(10, (k.worst + (k.worst >= 0 ? 0 : 1)) / 10)) : '–';
       w.title = 'the slowest call in the range, against the threshold of ' + fmtDur(t.stall_threshold_seconds);
       drawStrips(r.querySelector('canvas'), t, cols);
     });

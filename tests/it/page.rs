@@ -1031,7 +1031,9 @@ fn the_overview_puts_64_targets_on_one_screen_trouble_first() {
                  scrollY: scrollY,
                  stalls: rows.slice(0, 2).map(r => r.querySelector('.ov-stalls').getAttribute('href')),
                  charts: Object.keys(window.stallwatch.charts).filter(k => k.includes('|')),
-                 canvases: document.querySelectorAll('#ov-rows canvas').length};",
+                 canvases: document.querySelectorAll('#ov-rows canvas').length,
+                 columns: [...new Set(rows.map(r => { const b = r.querySelector('canvas').getBoundingClientRect();
+                                                      return b.left + ',' + b.width; }))]};",
     );
     eprintln!(
         "overview: first rows {:?}, boxes {}, last row {}, viewport {}x{}",
@@ -1048,6 +1050,12 @@ fn the_overview_puts_64_targets_on_one_screen_trouble_first() {
         "one row per target"
     );
     assert_eq!(v["canvases"], 64);
+    assert_eq!(
+        v["columns"].as_array().unwrap().len(),
+        1,
+        "every row's strips in the same columns: {}",
+        v["columns"]
+    );
     let mut top2: Vec<&str> = v["rows"].as_array().unwrap()[..2]
         .iter()
         .map(|n| n.as_str().unwrap())
