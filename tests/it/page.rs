@@ -1130,6 +1130,21 @@ fn the_overview_puts_64_targets_on_one_screen_trouble_first() {
     assert_eq!(got.as_object().unwrap().len(), 5, "{got}");
     let n = assert_all_local(&s, "http");
     eprintln!("{n} requests, all to 127.0.0.1");
+    // A stall mark links to the target's stalls: a click at the right end of pg-wal's
+    // first strip (create · create), inside its ongoing stall.
+    s.js(
+        "const c = document.querySelector('#ov-rows .ov-row[data-target=\"pg-wal\"] canvas');
+         const b = c.getBoundingClientRect();
+         const w = (b.width - 8 * 4) / 5;
+         c.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: b.left + w - 3, clientY: b.top + 5}));
+         return null;",
+    );
+    let at = s.wait_js(
+        "the stalls of pg-wal",
+        Duration::from_secs(10),
+        "return document.getElementById('stall-list') ? location.pathname + location.search : null;",
+    );
+    assert_eq!(at, "/stalls?target=pg-wal");
     frozen.thaw();
     throttled.unthrottle();
 }
