@@ -1003,6 +1003,7 @@
   // For tests and the console: re-render with what is in S.
   S.openStall = openStall;
   S.renderStalls = renderStalls;
+  S.renderOverview = renderOverview;
 
   // ---- controls ----------------------------------------------------------------------
   document.querySelectorAll('input[name=range]').forEach(function (r) {

@@ -1103,6 +1103,23 @@ fn the_overview_puts_64_targets_on_one_screen_trouble_first() {
         "first render {first_ms:.0} ms after navigation"
     );
     assert_eq!(v["charts"], json!([]), "no target's charts on load");
+    // The order after blocked and stalls: errors (a target not up), then the slowest
+    // call against the threshold. Set in the page's state and drawn at once, before the
+    // next answer replaces it.
+    let order = s.js(
+        "const s = window.stallwatch;
+         const t = n => s.overview.find(x => x.name === n);
+         t('vol50').state = 'failing';
+         t('vol60').ops[3].points.push([s.now - 10, -2]);
+         t('vol61').ops[0].points.push([s.now - 10, -5]);
+         s.renderOverview();
+         return [...document.querySelectorAll('#ov-rows .ov-row')].slice(0, 5).map(r => r.dataset.target);",
+    );
+    assert_eq!(
+        order.as_array().unwrap()[2..],
+        [json!("vol50"), json!("vol60"), json!("vol61")],
+        "errors, then the slowest against the threshold: {order}"
+    );
 
     // A row opens its target's charts, and only those.
     s.js("document.querySelector('#ov-rows .ov-row[data-target=\"backup\"] .ov-state').click(); return null;");
