@@ -8,7 +8,9 @@
 //! screen and a stall band appears, which opens the event; TLS with basic auth works;
 //! every request the browser made went to 127.0.0.1; without JavaScript the tables are
 //! there; a real stall's page (`/stalls/{id}`), reached from `/stalls`, renders every
-//! part of the event's JSON without a script. Screenshots go to
+//! part of the event's JSON without a script; with 64 targets, two in trouble, the
+//! overview puts both at the top of one 1400 × 900 screen within a second and draws no
+//! target's charts until a row or `#target=NAME` asks. Screenshots go to
 //! `target/page-screenshots/`.
 
 use std::net::TcpListener;
