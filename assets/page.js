@@ -1,6 +1,9 @@
-// stallwatch live page: polls /api/history every 1.5 s and draws, per target, one
-// latency chart per op (log scale, stall threshold, stall bands) and the kernel's dirty
-// and writeback bytes against their thresholds. Served from the binary; no other origin.
+// stallwatch live page: polls /api/history?view=overview every 1.5 s and draws one row
+// per target, trouble first, each a strip per op of the slowest call against the
+// threshold with the stalls marked; then, for the target the URL names (#target=NAME;
+// every target of a host of one or two), one latency chart per op (log scale, stall
+// threshold, stall bands) from its full /api/history; and the kernel's dirty and
+// writeback bytes against their thresholds. Served from the binary; no other origin.
 // The tables above and below are rendered by the server and stay readable without it.
 (function () {
   'use strict';
@@ -11,7 +14,17 @@
     range: 300,
     step: 1,
     from: null, // the last answer's newest point, to ask only for what is new
-    targets: [], // [{name, path, state, detail, stall_threshold_seconds, in_flight, series: [{mode, op, points}]}]
+    // The targets whose charts are open (all of a host's one or two, else the one the
+    // URL names): [{name, path, state, detail, stall_threshold_seconds, in_flight, series: [{mode, op, points}]}]
+    targets: [],
+    // Every target, as the overview shows it: [{name, ..., in_flight, ops: [{mode, op, points: [[t, level]]}]}]
+    overview: [],
+    ovFrom: null, // the overview answer's newest second, to ask only for what is new
+    stripStep: 30,
+    open: null, // the target named by `#target=NAME`
+    auto: false, // one or two targets: every target's charts
+    detailOf: null, // whose series S.targets holds: a name, or '*' for all
+    firstRender: 0, // performance.now() when the overview was first drawn
     kernel: [],
     stalls: {}, // key -> event
     stallsVersion: null, // the stall log's version in the last answer
@@ -126,9 +139,48 @@
     return out;
   }
 
-  function apply(d, full) {
+  // The overview answer (`view=overview`): every target's state, calls in flight and
+  // strips, the kernel and the stall events.
+  function applyOverview(d, full) {
     S.now = d.now;
     S.fetchedAt = performance.now();
+    S.step = d.step;
+    S.stripStep = d.strip_step;
+    var cut = d.now - S.range - S.step;
+    var byName = {};
+    S.overview.forEach(function (t) { byName[t.name] = t; });
+    S.overview = d.targets.map(function (t, i) {
+      var old = full ? null : byName[t.name];
+      t.index = i;
+      t.ops = t.ops.map(function (o) {
+        var fresh = o.worst.map(function (l, k) { return [d.strip_from + k * d.strip_step, l]; });
+        var oo = old && old.ops.find(function (x) { return x.mode === o.mode && x.op === o.op; });
+        var pts = oo ? merge(oo.points, fresh, d.strip_from) : fresh;
+        return { mode: o.mode, op: o.op, points: pts.filter(function (p) { return p[0] + d.strip_step > cut; }) };
+      });
+      return t;
+    });
+    var kernel = kernelPoints(d.from, d.kernel);
+    S.kernel = (full ? kernel : merge(S.kernel, kernel, d.from)).filter(function (p) { return p[0] >= cut; });
+    if (full) S.stalls = {};
+    applyStalls(d, cut);
+    S.ovFrom = S.kernel.length ? S.kernel[S.kernel.length - 1][0] : d.from;
+    // One or two targets: their charts at once; more: the one the URL names.
+    S.auto = S.overview.length <= 2;
+  }
+
+  // Events: left out when the log has not changed since the stalls_version sent.
+  function applyStalls(d, cut) {
+    if (d.stalls_version != null) S.stallsVersion = d.stalls_version;
+    (d.stalls || []).forEach(function (e) { S.stalls[stallKey(e)] = e; });
+    for (var k in S.stalls) {
+      var e = S.stalls[k];
+      if (!e.ongoing && unixOf(e.started_at) + e.duration_seconds < cut) delete S.stalls[k];
+    }
+  }
+
+  // The full answer for the targets whose charts are open.
+  function applyDetail(d, full) {
     var cut = d.now - S.range - S.step;
     var byName = {};
     S.targets.forEach(function (t) { byName[t.name] = t; });
@@ -142,31 +194,38 @@
       });
       return t;
     });
-    var kernel = kernelPoints(d.from, d.kernel);
-    S.kernel = (full ? kernel : merge(S.kernel, kernel, d.from)).filter(function (p) { return p[0] >= cut; });
-    if (full) S.stalls = {};
-    // Left out when the log has not changed since the stalls_version this poll sent.
-    S.stallsVersion = d.stalls_version;
-    (d.stalls || []).forEach(function (e) { S.stalls[stallKey(e)] = e; });
-    for (var k in S.stalls) {
-      var e = S.stalls[k];
-      if (!e.ongoing && unixOf(e.started_at) + e.duration_seconds < cut) delete S.stalls[k];
-    }
+    applyStalls(d, cut);
     var newest = d.from;
     S.targets.forEach(function (t) {
       t.series.forEach(function (s) {
         if (s.points.length) newest = Math.max(newest, s.points[s.points.length - 1][0]);
       });
     });
-    if (S.kernel.length) newest = Math.max(newest, S.kernel[S.kernel.length - 1][0]);
     S.from = newest;
-    S.polls++;
-    render();
+  }
+
+  // The target named by the URL (`#target=NAME`), or null.
+  function hashTarget() {
+    var m = /^#target=(.*)$/.exec(location.hash);
+    if (!m) return null;
+    try {
+      return decodeURIComponent(m[1]);
+    } catch (e) {
+      return null;
+    }
   }
 
   var timer = null;
   var inFlightFetch = false;
   var wantFull = false;
+  function getJson(path) {
+    // From the origin, not the document's URL: that may carry user:password@, which
+    // fetch refuses; the browser sends the credentials it holds for the origin.
+    return fetch(location.origin + path, { credentials: 'same-origin', cache: 'no-store' }).then(function (r) {
+      if (!r.ok) throw new Error('HTTP ' + r.status);
+      return r.json();
+    });
+  }
   function poll(full) {
     if (timer) clearTimeout(timer);
     timer = null;
@@ -178,22 +237,45 @@
     inFlightFetch = true;
     wantFull = false;
     var range = S.range;
-    // From the origin, not the document's URL: that may carry user:password@, which
-    // fetch refuses; the browser sends the credentials it holds for the origin.
-    var q = location.origin + '/api/history?range=' + S.range + '&step=' + S.step;
-    if (!full && S.from != null) {
-      q += '&since=' + S.from;
+    var q = '/api/history?view=overview&range=' + S.range;
+    if (!full && S.ovFrom != null) {
+      q += '&since=' + S.ovFrom;
       if (S.stallsVersion != null) q += '&stalls_version=' + S.stallsVersion;
     }
-    fetch(q, { credentials: 'same-origin', cache: 'no-store' })
-      .then(function (r) {
-        if (!r.ok) throw new Error('HTTP ' + r.status);
-        return r.json();
-      })
+    getJson(q)
       .then(function (d) {
-        S.error = null;
         // An answer for the range shown before a change is dropped.
-        if (range === S.range && !wantFull) apply(d, full);
+        if (range !== S.range || wantFull) return null;
+        applyOverview(d, full);
+        renderOverview();
+        if (!S.firstRender) {
+          S.firstRender = performance.now();
+          performance.mark('stallwatch-first-render');
+        }
+        // The charts of one target (or of all of a host's one or two).
+        var open = S.auto ? null : S.open;
+        if (!S.auto && open == null) {
+          S.targets = [];
+          return null;
+        }
+        var want = S.auto ? '*' : open;
+        var again = full || S.detailOf !== want || S.from == null;
+        var dq = '/api/history?range=' + S.range + '&step=' + S.step + '&stalls_version=' + S.stallsVersion;
+        if (!S.auto) dq += '&target=' + encodeURIComponent(open);
+        if (!again) dq += '&since=' + S.from;
+        return getJson(dq).then(function (dd) {
+          // Dropped when the range or the open target changed meanwhile.
+          if (range !== S.range || wantFull || want !== (S.auto ? '*' : S.open)) return;
+          if (again) S.targets = [];
+          applyDetail(dd, again);
+          S.detailOf = want;
+        });
+      })
+      .then(function () {
+        if (range !== S.range || wantFull) return;
+        S.error = null;
+        S.polls++;
+        render();
       })
       .catch(function (e) {
         S.error = String(e);
@@ -204,6 +286,197 @@
         if (wantFull) poll(true);
         else timer = setTimeout(function () { poll(false); }, POLL_MS);
       });
+  }
+
+  // ---- the overview: one row per target, trouble first -------------------------------
+  // A strip's colour by its level (tenths of a decade of the slowest call against the
+  // threshold: 0 = at the threshold, -10 = a tenth of it).
+  function levelColor(l) {
+    if (l == null) return '#eeeeee';
+    if (l >= 0) return '#c62828';
+    if (l >= -3) return '#ef6c00';
+    if (l >= -10) return '#f9c22e';
+    if (l >= -20) return '#a5d6a7';
+    return '#d7ecd8';
+  }
+  function blockedCalls(t) {
+    var since = (performance.now() - S.fetchedAt) / 1000;
+    return t.in_flight.filter(function (c) { return c.age_seconds + since >= t.stall_threshold_seconds; });
+  }
+  // Why a target is where it is: [blocked now, stalls in the range, errors, worst level].
+  function trouble(t) {
+    var stalls = 0, errors = t.state !== 'up' && t.state !== 'starting' ? 1 : 0;
+    for (var k in S.stalls) {
+      var e = S.stalls[k];
+      if (e.target !== t.name) continue;
+      stalls++;
+      if (e.error) errors++;
+    }
+    var worst = -99;
+    t.ops.forEach(function (o) {
+      o.points.forEach(function (p) { if (p[1] != null && p[1] > worst) worst = p[1]; });
+    });
+    return { blocked: blockedCalls(t).length, stalls: stalls, errors: errors, worst: worst };
+  }
+  function columns() {
+    var cols = [], seen = {};
+    S.overview.forEach(function (t) {
+      t.ops.forEach(function (o) {
+        var k = o.mode + '|' + o.op;
+        if (!seen[k]) {
+          seen[k] = true;
+          cols.push(k);
+        }
+      });
+    });
+    return cols;
+  }
+  var STRIP_GAP = 8;
+  function stripGeometry(canvas, ncols) {
+    var w = canvas.clientWidth || 600;
+    var cw = (w - STRIP_GAP * (ncols - 1)) / Math.max(1, ncols);
+    return { w: w, cw: cw };
+  }
+
+  function renderOverview() {
+    var sec = document.getElementById('overview');
+    sec.hidden = false;
+    var tt = document.getElementById('target-table');
+    if (tt && S.overview.length > 2 && !S.tableClosed) {
+      tt.open = false;
+      S.tableClosed = true;
+    }
+    var cols = columns();
+    var rows = document.getElementById('ov-rows');
+    var key = cols.join(',') + ';' + S.overview.map(function (t) { return t.name; }).join('\u0000');
+    if (S.ovLayout !== key) {
+      S.ovLayout = key;
+      rows.textContent = '';
+      var head = document.getElementById('ov-cols');
+      head.textContent = '';
+      cols.forEach(function (c) {
+        head.appendChild(el('span', { title: c.replace('|', ' ') }, c.replace('|', ' · ')));
+      });
+      S.overview.forEach(function (t) {
+        var r = el('div', { class: 'ov-row', 'data-target': t.name, title: t.path });
+        var a = el('a', { class: 'ov-name', href: '#target=' + encodeURIComponent(t.name) }, t.name);
+        r.appendChild(a);
+        r.appendChild(el('span', { class: 'ov-state' }));
+        r.appendChild(el('a', { class: 'ov-stalls', href: '/stalls?target=' + encodeURIComponent(t.name) }));
+        r.appendChild(el('span', { class: 'ov-worst' }));
+        var c = el('canvas', { class: 'ov-strips' });
+        r.appendChild(c);
+        c.addEventListener('mousemove', stripTip.bind(null, t.name));
+        c.addEventListener('click', function (ev) {
+          ev.stopPropagation();
+          var hit = stripAt(t.name, ev);
+          if (hit && hit.stall) location.href = '/stalls?target=' + encodeURIComponent(t.name);
+          else location.hash = 'target=' + encodeURIComponent(t.name);
+        });
+        rows.appendChild(r);
+      });
+    }
+    // Trouble first; among equals, the configuration's order.
+    var keyed = S.overview.map(function (t) { return { t: t, k: trouble(t) }; });
+    keyed.sort(function (a, b) {
+      return b.k.blocked - a.k.blocked || b.k.stalls - a.k.stalls || b.k.errors - a.k.errors ||
+        b.k.worst - a.k.worst || a.t.index - b.t.index;
+    });
+    var open = S.auto ? null : S.open;
+    keyed.forEach(function (x, i) {
+      var t = x.t, k = x.k;
+      var r = rows.querySelector('.ov-row[data-target="' + CSS.escape(t.name) + '"]');
+      if (rows.children[i] !== r) rows.insertBefore(r, rows.children[i] || null);
+      r.className = 'ov-row' + (k.blocked ? ' blocked' : k.stalls || k.errors ? ' troubled' : '') + (open === t.name ? ' open' : '');
+      var st = r.querySelector('.ov-state');
+      st.textContent = k.blocked ? 'BLOCKED' : t.state;
+      st.className = 'ov-state ' + (t.state === 'up' && !k.blocked ? 'up' : 'bad');
+      r.querySelector('.ov-stalls').textContent = k.stalls ? k.stalls + (k.stalls > 1 ? ' stalls' : ' stall') : '';
+      var w = r.querySelector('.ov-worst');
+      var bl = blockedCalls(t);
+      var age = bl.reduce(function (m, c) { return Math.max(m, c.age_seconds + (performance.now() - S.fetchedAt) / 1000); }, 0);
+      w.textContent = bl.length ? 'blocked ' + (age < 60 ? age.toFixed(1) : age.toFixed(0)) + ' s' : k.worst > -99 ? (k.worst >= 0 ? '≥ ' : '< ') + fmtDur(t.stall_threshold_seconds * Math.pow(10, (k.worst + (k.worst >= 0 ? 0 : 1)) / 10)) : '–';
+      w.title = 'the slowest call in the range, against the threshold of ' + fmtDur(t.stall_threshold_seconds);
+      drawStrips(r.querySelector('canvas'), t, cols);
+    });
+  }
+
+  function drawStrips(c, t, cols) {
+    var g = stripGeometry(c, cols.length);
+    var dpr = window.devicePixelRatio || 1;
+    var h = c.clientHeight || 10;
+    if (c.width !== Math.round(g.w * dpr) || c.height !== Math.round(h * dpr)) {
+      c.width = Math.round(g.w * dpr);
+      c.height = Math.round(h * dpr);
+    }
+    var ctx = c.getContext('2d');
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, g.w, h);
+    var n = nowAgent(), t0 = n - S.range;
+    var stepW = (S.stripStep / S.range) * g.cw;
+    cols.forEach(function (col, i) {
+      var x0 = i * (g.cw + STRIP_GAP);
+      var o = t.ops.find(function (x) { return x.mode + '|' + x.op === col; });
+      if (!o) return;
+      ctx.fillStyle = '#f4f4f4';
+      ctx.fillRect(x0, 0, g.cw, h);
+      o.points.forEach(function (p) {
+        var x = x0 + ((p[0] - t0) / S.range) * g.cw;
+        var x1 = Math.min(x0 + g.cw, x + stepW);
+        x = Math.max(x0, x);
+        if (x1 <= x) return;
+        ctx.fillStyle = levelColor(p[1]);
+        ctx.fillRect(x, 0, Math.max(1, x1 - x), h);
+      });
+      // Stall marks: a dark bar over the stall's span, to now while it lasts.
+      for (var k in S.stalls) {
+        var e = S.stalls[k];
+        if (e.target !== t.name || e.mode + '|' + e.op !== col) continue;
+        var s0 = unixOf(e.started_at), s1 = e.ongoing ? n : s0 + e.duration_seconds;
+        if (s1 < t0) continue;
+        var a = x0 + Math.max(0, (s0 - t0) / S.range) * g.cw;
+        var b = x0 + Math.min(1, (s1 - t0) / S.range) * g.cw;
+        ctx.fillStyle = '#c62828';
+        ctx.fillRect(a, 0, Math.max(2, b - a), h);
+        ctx.fillStyle = '#3b0000';
+        ctx.fillRect(a, 0, Math.max(2, b - a), 3);
+        ctx.fillRect(a, 0, 2, h);
+      }
+    });
+  }
+
+  // What is under the pointer on a row's strips: the op, the time, the level, a stall.
+  function stripAt(name, ev) {
+    var t = S.overview.find(function (x) { return x.name === name; });
+    if (!t) return null;
+    var c = ev.currentTarget, cols = columns();
+    var g = stripGeometry(c, cols.length);
+    var x = ev.offsetX;
+    var i = Math.floor(x / (g.cw + STRIP_GAP));
+    var col = cols[i];
+    if (!col) return null;
+    var at = nowAgent() - S.range + ((x - i * (g.cw + STRIP_GAP)) / g.cw) * S.range;
+    var o = t.ops.find(function (y) { return y.mode + '|' + y.op === col; });
+    var p = o && o.points.find(function (q) { return q[0] <= at && at < q[0] + S.stripStep; });
+    var slack = (3 / g.cw) * S.range;
+    var stall = null;
+    for (var k in S.stalls) {
+      var e = S.stalls[k];
+      if (e.target !== name || e.mode + '|' + e.op !== col) continue;
+      var s0 = unixOf(e.started_at), s1 = e.ongoing ? nowAgent() : s0 + e.duration_seconds;
+      if (at >= s0 - slack && at <= s1 + slack) stall = e;
+    }
+    return { t: t, col: col, at: at, level: p ? p[1] : null, stall: stall };
+  }
+  function stripTip(name, ev) {
+    var h = stripAt(name, ev);
+    if (!h) return;
+    var thr = h.t.stall_threshold_seconds;
+    var txt = h.t.name + ' ' + h.col.replace('|', ' ') + ' at ' + fmtTime(h.at) + ': ';
+    if (h.stall) txt += 'stalled ' + fmtDur(h.stall.duration_seconds) + (h.stall.ongoing ? ' (ongoing)' : '') + ': click for the stalls of ' + h.t.name;
+    else if (h.level == null) txt += 'no call returned';
+    else txt += 'slowest call ' + (h.level >= 0 ? 'at or over' : 'under') + ' ' + fmtDur(thr * Math.pow(10, (h.level + (h.level >= 0 ? 0 : 1)) / 10)) + ' (threshold ' + fmtDur(thr) + ')';
+    ev.currentTarget.title = txt;
   }
 
   // ---- charts ------------------------------------------------------------------------
@@ -471,7 +744,8 @@
 
   // ---- rendering ---------------------------------------------------------------------
   function layoutKey() {
-    return S.targets.map(function (t) {
+    // Never '' (what a reset sets), so the kernel charts are built without any target's.
+    return 'k;' + S.targets.map(function (t) {
       return t.name + ':' + t.series.map(function (s) { return s.mode + '/' + s.op; }).join(',');
     }).join(';');
   }
@@ -487,6 +761,8 @@
       h.appendChild(el('span', { class: 'name' }, t.name));
       h.appendChild(el('span', { class: 'path' }, t.path));
       h.appendChild(el('span', { class: 'state' }));
+      h.appendChild(el('a', { href: '/stalls?target=' + encodeURIComponent(t.name) }, 'stalls'));
+      if (!S.auto) h.appendChild(el('a', { class: 'close', href: '#' }, 'close'));
       sec.appendChild(h);
       sec.appendChild(el('div', { class: 'blocked-now' }));
       var grid = el('div', { class: 'grid' });
@@ -512,7 +788,17 @@
     document.getElementById('controls').hidden = false;
     document.getElementById('latency').hidden = false;
     document.getElementById('kernel').hidden = false;
-    if (layoutKey() !== S.layout) build();
+    var pick = document.getElementById('pick');
+    pick.hidden = S.auto || S.targets.length > 0;
+    var built = false;
+    if (layoutKey() !== S.layout) {
+      build();
+      built = true;
+    }
+    if (built && S.scrollTo && S.targets.length) {
+      S.scrollTo = false;
+      document.getElementById('latency').scrollIntoView();
+    }
     S.targets.forEach(function (t) {
       var sec = document.querySelector('section.target[data-target="' + CSS.escape(t.name) + '"]');
       var st = sec.querySelector('.state');
@@ -543,12 +829,14 @@
   function tick() {
     var since = (performance.now() - S.fetchedAt) / 1000;
     var alerts = [];
-    S.targets.forEach(function (t) {
-      var thr = t.stall_threshold_seconds;
-      var calls = t.in_flight.map(function (c) {
+    function callsOf(t) {
+      return t.in_flight.map(function (c) {
         return { mode: c.mode, op: c.op, age: c.age_seconds + since };
       });
-      var shown = calls.filter(function (c) { return c.age >= Math.min(0.1, thr); });
+    }
+    S.targets.forEach(function (t) {
+      var thr = t.stall_threshold_seconds;
+      var shown = callsOf(t).filter(function (c) { return c.age >= Math.min(0.1, thr); });
       var sec = document.querySelector('section.target[data-target="' + CSS.escape(t.name) + '"] .blocked-now');
       if (sec) {
         sec.textContent = '';
@@ -559,19 +847,30 @@
           sec.appendChild(span);
         });
       }
+    });
+    // Every target's blocked calls: the server's table cells and one banner line each.
+    S.overview.forEach(function (t) {
+      var thr = t.stall_threshold_seconds;
+      var calls = callsOf(t);
       var cell = document.querySelector('td.inflight[data-target="' + CSS.escape(t.name) + '"]');
       if (cell) {
         cell.textContent = calls.length ? calls.map(function (c) {
           return c.mode + ' ' + c.op + ' for ' + c.age.toFixed(1) + ' s';
         }).join(', ') : '-';
       }
-      calls.filter(function (c) { return c.age >= thr; }).forEach(function (c) {
-        alerts.push(t.name + ': ' + c.mode + ' ' + c.op + ' blocked for ' + fmtAge(c.age) + ' (threshold ' + fmtDur(thr) + ')');
-      });
+      var over = calls.filter(function (c) { return c.age >= thr; });
+      if (over.length) {
+        alerts.push({ name: t.name, text: t.name + ': ' + over.map(function (c) {
+          return c.mode + ' ' + c.op + ' blocked for ' + fmtAge(c.age);
+        }).join(', ') + ' (threshold ' + fmtDur(thr) + ')' });
+      }
     });
     var b = document.getElementById('blocked');
     b.textContent = '';
-    alerts.forEach(function (a) { b.appendChild(el('div', { class: 'blocked-age over' }, a)); });
+    alerts.forEach(function (a) {
+      var line = el('a', { class: 'blocked-age over', href: '#target=' + encodeURIComponent(a.name) }, a.text);
+      b.appendChild(line);
+    });
     updateStatus();
   }
 
@@ -704,6 +1003,7 @@
   // For tests and the console: re-render with what is in S.
   S.openStall = openStall;
   S.renderStalls = renderStalls;
+  S.renderOverview = renderOverview;
 
   // ---- controls ----------------------------------------------------------------------
   document.querySelectorAll('input[name=range]').forEach(function (r) {
@@ -711,14 +1011,41 @@
       S.range = +r.value;
       S.step = S.range <= 300 ? 1 : Math.ceil(S.range / 360);
       S.from = null;
+      S.ovFrom = null;
       S.layout = '';
+      S.ovLayout = '';
       poll(true);
     });
   });
+  // A row (or `#target=NAME` in the URL) opens that target's charts.
+  function openFromHash(scroll) {
+    var name = hashTarget();
+    if (name === S.open) return;
+    S.open = name;
+    S.scrollTo = scroll && name != null;
+    if (!S.auto) {
+      S.targets = [];
+      S.from = null;
+      S.detailOf = null;
+      S.layout = '';
+      if (S.polls) {
+        render();
+        renderOverview();
+        poll(false);
+      }
+    }
+  }
+  window.addEventListener('hashchange', function () { openFromHash(true); });
+  document.getElementById('ov-rows').addEventListener('click', function (ev) {
+    var r = ev.target.closest('.ov-row');
+    if (!r || ev.target.closest('a')) return;
+    location.hash = 'target=' + encodeURIComponent(r.getAttribute('data-target'));
+  });
+  openFromHash(true);
   var resizeTimer = null;
   window.addEventListener('resize', function () {
     clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(function () { S.layout = ''; render(); }, 200);
+    resizeTimer = setTimeout(function () { S.layout = ''; render(); renderOverview(); }, 200);
   });
   // The time axis moves with the clock between answers; the ages count up.
   setInterval(function () {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use axum::http::StatusCode;
-use stallwatch::agent::fixture::full_hour;
-use stallwatch::http::history_json;
+use stallwatch::agent::fixture::{full_hour, full_hour_of};
+use stallwatch::http::{history_json, overview_json};
 
 /// This thread's CPU time, so time waiting for a CPU held by other processes of a
 /// shared machine is not counted.
@@ -95,6 +95,24 @@ fn main() {
             "gzip level {level} of the 1 h answer ({} bytes) by flate2 directly: {:.3} ms, {size} bytes",
             body.len(),
             t.elapsed().as_secs_f64() * 1e3 / 20.0
+        );
+    }
+    // The live page's overview (issue 22): 64 targets, 1 h, its budget 150 KB gzip.
+    {
+        let (app64, _, _) = full_hour_of(64, || 0);
+        let t = Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(overview_json(&app64, None, Some(3600), None));
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / 20.0;
+        let body = overview_json(&app64, None, Some(3600), None);
+        use std::io::Write as _;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(body.as_bytes()).unwrap();
+        println!(
+            "overview_json, 64 targets, 1 h: {ms:.3} ms, {} bytes, {} gzip level 1",
+            body.len(),
+            z.finish().unwrap().len()
         );
     }
     let t = Instant::now();

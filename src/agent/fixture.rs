@@ -19,13 +19,18 @@ use crate::stall::log::{FinishedCall, LaneKey, StallLog};
 /// `rss_bytes` grew while the history filled, and the calls of target 0's first series
 /// (Unix second, nanoseconds).
 pub fn full_hour(rss_bytes: impl Fn() -> u64) -> (App, u64, Vec<(u64, u64)>) {
+    full_hour_of(8, rss_bytes)
+}
+
+/// [`full_hour`] with `targets` targets (the stall events spread over the first 8).
+pub fn full_hour_of(targets: usize, rss_bytes: impl Fn() -> u64) -> (App, u64, Vec<(u64, u64)>) {
     let registry = Registry::new();
     let metrics = ProbeMetrics::new(&registry);
     let rss0 = rss_bytes();
     let history = Arc::new(History::new());
     let stalls = Arc::new(StallLog::new(256, &registry, Arc::default()));
     let mut shared = Vec::new();
-    for i in 0..8 {
+    for i in 0..targets {
         let t = Target {
             name: format!("target{i}"),
             path: format!("/srv/disk{i}").into(),
@@ -85,7 +90,7 @@ pub fn full_hour(rss_bytes: impl Fn() -> u64) -> (App, u64, Vec<(u64, u64)>) {
         let key = LaneKey {
             devices: &TargetDevices::default(),
             lane: (seq % 16) as usize,
-            name: &shared[(seq % 8) as usize].target.name,
+            name: &shared[(seq % 8) as usize % targets].target.name,
         };
         let call = FinishedCall {
             mode: Mode::Overwrite,

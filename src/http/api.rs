@@ -38,6 +38,50 @@ pub(super) struct HistoryQuery {
     /// The `stalls_version` of an earlier answer: the events are left out when the log
     /// has not changed since (and none is ongoing).
     stalls_version: Option<u64>,
+    /// Only this target (by name) in `targets`.
+    target: Option<String>,
+    /// `overview`: per target and op a coarse strip of the worst latency against the
+    /// threshold instead of the series ([`View`]).
+    #[serde(default)]
+    view: View,
+}
+
+/// What `/api/history` answers per target.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum View {
+    /// Every op's series: count, max, median and min per second or step.
+    #[default]
+    Full,
+    /// The live page's overview: per op, the slowest call of each of about
+    /// [`STRIPS`] steps against the target's threshold ([`worst_level`]).
+    Overview,
+}
+
+/// Steps of an overview strip over a range: its step is `range / STRIPS` rounded up (to
+/// a multiple of 10 s above 10 s, so an hour is 120 steps of 30 s read from the coarse
+/// ring).
+pub const STRIPS: u32 = 120;
+
+/// The overview's step for `range`.
+fn strip_step(range: u32) -> u32 {
+    let s = range.div_ceil(STRIPS).max(1);
+    if s > history::COARSE_STEP {
+        s.next_multiple_of(history::COARSE_STEP)
+    } else {
+        s
+    }
+}
+
+/// The overview's level of a step's slowest call against the stall threshold: tenths of
+/// a decade, `floor(10 * log10(max / threshold))`, from -60 to 60. 0 and above: the
+/// call took the threshold or longer; -10: a tenth of it; -30: a thousandth.
+pub fn worst_level(max: f32, threshold: f64) -> i64 {
+    if max.is_nan() || max <= 0.0 || threshold <= 0.0 {
+        return -60;
+    }
+    let l = (10.0 * (max as f64 / threshold).log10()).floor();
+    l.clamp(-60.0, 60.0) as i64
 }
 
 /// Answers `/api/history` from the in-memory history; the handler only copies points
@@ -49,17 +93,43 @@ pub fn history_json(
     step: Option<u32>,
     stalls_version: Option<u64>,
 ) -> String {
-    String::from_utf8(history_body(app, since, range, step, stalls_version))
-        .expect("the answer is UTF-8")
+    let q = HistoryQuery {
+        since,
+        range,
+        step,
+        stalls_version,
+        target: None,
+        view: View::Full,
+    };
+    String::from_utf8(history_body(app, &q)).expect("the answer is UTF-8")
 }
 
-fn history_body(
+/// `/api/history?view=overview`: the live page's overview (docs/http-api.md).
+pub fn overview_json(
     app: &App,
     since: Option<f64>,
     range: Option<u32>,
-    step: Option<u32>,
     stalls_version: Option<u64>,
-) -> Vec<u8> {
+) -> String {
+    let q = HistoryQuery {
+        since,
+        range,
+        step: None,
+        stalls_version,
+        target: None,
+        view: View::Overview,
+    };
+    String::from_utf8(history_body(app, &q)).expect("the answer is UTF-8")
+}
+
+fn history_body(app: &App, q: &HistoryQuery) -> Vec<u8> {
+    let HistoryQuery {
+        since,
+        range,
+        step,
+        stalls_version,
+        ..
+    } = *q;
     let now = SystemTime::now();
     let now_s = now
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -76,6 +146,11 @@ fn history_body(
         .filter(|s| s.is_finite())
         .map_or(oldest, |s| (s.max(0.0) as u32).max(oldest));
     let from = from - from % step;
+    let strip = strip_step(range);
+    // The overview's strips: whole steps from the one `from` falls in, one per step up
+    // to now (null where no call returned).
+    let strip_from = from - from % strip;
+    let strips = (now_s as u32).saturating_sub(strip_from) / strip + 1;
     let current = app.targets.current();
     // Events that were ongoing, started or ended in the window, unless the page has
     // them already: the page merges them by `id`. Without a stalls_version, the
@@ -124,15 +199,26 @@ fn history_body(
     ));
     let _ = write!(
         o,
-        "{{\"now\":{now_s:.3},\"range\":{range},\"step\":{step},\"from\":{from},\"targets\":["
+        "{{\"now\":{now_s:.3},\"range\":{range},\"step\":{step},\"from\":{from},"
     );
-    for (i, t) in current.iter().enumerate() {
+    if q.view == View::Overview {
+        let _ = write!(
+            o,
+            "\"view\":\"overview\",\"strip_step\":{strip},\"strip_from\":{strip_from},"
+        );
+    }
+    o.raw("\"targets\":[");
+    let mut first_target = true;
+    for t in current.iter() {
+        if q.target.as_ref().is_some_and(|n| *n != t.target.name) {
+            continue;
+        }
         let st = t.status();
         let detail = match &st.state {
             TargetState::Failing(e) | TargetState::MountChanged(e) => e.as_str(),
             _ => "",
         };
-        if i > 0 {
+        if !std::mem::take(&mut first_target) {
             o.raw(",");
         }
         o.raw("{\"name\":");
@@ -158,6 +244,43 @@ fn history_body(
                 c.op.as_str(),
                 c.age.as_secs_f64()
             );
+        }
+        if q.view == View::Overview {
+            o.raw("],\"ops\":[");
+            let threshold = t.target.stall_threshold.as_secs_f64();
+            if let Some(h) = app.history.target(t.index) {
+                let mut levels = vec![None; strips as usize];
+                for (j, s) in h.series.iter().enumerate() {
+                    levels.fill(None);
+                    for p in s.stepped(strip_from, strip) {
+                        if let Some(l) =
+                            p.t.checked_sub(strip_from)
+                                .and_then(|d| levels.get_mut((d / strip) as usize))
+                        {
+                            *l = Some(worst_level(p.max, threshold));
+                        }
+                    }
+                    let _ = write!(
+                        o,
+                        "{}{{\"mode\":\"{}\",\"op\":\"{}\",\"worst\":[",
+                        if j > 0 { "," } else { "" },
+                        s.mode.as_str(),
+                        s.op.as_str()
+                    );
+                    for (k, l) in levels.iter().enumerate() {
+                        if k > 0 {
+                            o.0.push(b',');
+                        }
+                        match l {
+                            Some(l) => o.int(*l),
+                            None => o.raw("null"),
+                        }
+                    }
+                    o.raw("]}");
+                }
+            }
+            o.raw("]}");
+            continue;
         }
         o.raw("],\"series\":[");
         if let Some(h) = app.history.target(t.index) {
@@ -229,7 +352,7 @@ pub(super) async fn api_history(
     State(app): State<Arc<App>>,
     Query(q): Query<HistoryQuery>,
 ) -> Response {
-    let body = history_body(&app, q.since, q.range, q.step, q.stalls_version);
+    let body = history_body(&app, &q);
     (
         [
             (header::CONTENT_TYPE, "application/json"),
@@ -243,7 +366,113 @@ pub(super) async fn api_history(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::fixture::full_hour;
+    use crate::agent::fixture::{full_hour, full_hour_of};
+
+    fn gzip(body: &str) -> usize {
+        use std::io::Write as _;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(body.as_bytes()).unwrap();
+        z.finish().unwrap().len()
+    }
+
+    #[test]
+    fn worst_levels_are_tenths_of_a_decade_against_the_threshold() {
+        assert_eq!(worst_level(1.0, 1.0), 0, "at the threshold");
+        assert_eq!(worst_level(0.999, 1.0), -1, "just under it");
+        assert_eq!(worst_level(0.1, 1.0), -10);
+        assert_eq!(worst_level(0.0011, 1.0), -30);
+        assert_eq!(worst_level(25.0, 5.0), 6, "5 times: 10 log10 5 = 6.99");
+        assert_eq!(worst_level(1e9, 1.0), 60);
+        assert_eq!(worst_level(0.0, 1.0), -60);
+        assert_eq!(worst_level(f32::NAN, 1.0), -60);
+        assert_eq!(strip_step(3600), 30);
+        assert_eq!(strip_step(300), 3);
+        assert_eq!(strip_step(60), 1);
+    }
+
+    /// The budget of issue 22: the overview of 64 targets with a full hour, as the page
+    /// first loads it at the 1 h range (with the 256 stall events), at most 150 KB with
+    /// gzip; the full answer is several times that. Prints both with `--nocapture`.
+    #[test]
+    fn the_overview_of_64_targets_for_an_hour_is_under_150_kb_gzipped() {
+        let (app, _, calls) = full_hour_of(64, || 0);
+        let body = overview_json(&app, None, Some(3600), None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["view"], "overview");
+        assert_eq!(v["strip_step"], 30);
+        let strip_from = v["strip_from"].as_u64().unwrap();
+        assert_eq!(strip_from % 30, 0);
+        let targets = v["targets"].as_array().unwrap();
+        assert_eq!(targets.len(), 64);
+        for t in targets {
+            assert!(t.get("series").is_none(), "no series in the overview");
+            let ops = t["ops"].as_array().unwrap();
+            assert_eq!(ops.len(), 5, "{}", t["name"]);
+            for op in ops {
+                let n = op["worst"].as_array().unwrap().len();
+                assert!((120..=122).contains(&n), "{n} strips in an hour");
+            }
+        }
+        // Each strip is the slowest call of its 30 s against the 1 s threshold.
+        let worst = targets[0]["ops"][0]["worst"].as_array().unwrap();
+        for (i, w) in worst.iter().enumerate() {
+            let t0 = strip_from + 30 * i as u64;
+            let max = calls
+                .iter()
+                .filter(|c| (t0..t0 + 30).contains(&c.0))
+                .map(|c| c.1)
+                .max();
+            match max {
+                // Within the history's 1/2048: a boundary case may differ by one level.
+                Some(ns) => {
+                    let want = worst_level(ns as f32 / 1e9, 1.0);
+                    assert!((w.as_i64().unwrap() - want).abs() <= 1, "{i}: {w} {want}")
+                }
+                None => assert!(w.is_null() || i == worst.len() - 1, "{i}: {w}"),
+            }
+        }
+        assert_eq!(v["stalls"].as_array().unwrap().len(), 256);
+        assert!(v["kernel"]["t"].as_array().unwrap().len() >= 359);
+        let zipped = gzip(&body);
+        let full = history_json(&app, None, Some(3600), None, None);
+        println!(
+            "overview of 64 targets, 1 h: {} bytes, {zipped} gzip; the full answer: {} bytes, {} gzip",
+            body.len(),
+            full.len(),
+            gzip(&full)
+        );
+        assert!(zipped <= 150_000, "{zipped} bytes gzipped");
+        // A poll asks for what is new: a step or two per op.
+        let since = v["now"].as_f64().unwrap() - 2.0;
+        let version = v["stalls_version"].as_u64().unwrap();
+        let poll: serde_json::Value =
+            serde_json::from_str(&overview_json(&app, Some(since), Some(3600), Some(version)))
+                .unwrap();
+        let n = poll["targets"][5]["ops"][1]["worst"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!((1..=2).contains(&n), "{n}");
+        assert!(poll.get("stalls").is_none());
+        // One target's full series, for its detail.
+        let q = HistoryQuery {
+            since: None,
+            range: Some(300),
+            step: None,
+            stalls_version: Some(version),
+            target: Some("target42".into()),
+            view: View::Full,
+        };
+        let one: serde_json::Value = serde_json::from_slice(&history_body(&app, &q)).unwrap();
+        let names: Vec<_> = one["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["name"])
+            .collect();
+        assert_eq!(names, ["target42"]);
+        assert_eq!(one["targets"][0]["series"].as_array().unwrap().len(), 5);
+    }
 
     /// Unix seconds of the points of `s`, a series or the kernel object, from its `t`
     /// deltas and the answer's `from`.

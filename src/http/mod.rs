@@ -18,6 +18,6 @@ pub mod server;
 mod stall_page;
 mod state;
 
-pub use api::history_json;
+pub use api::{history_json, overview_json};
 pub use router::app;
 pub use state::{App, ReloadFn, StallsJson};

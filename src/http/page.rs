@@ -1,7 +1,9 @@
 //! The landing page `/`: the markup is the template `assets/page.html` (askama, which
 //! escapes every value inserted into it); this file gathers what it shows. Without
 //! JavaScript the page is these tables as of the load; the page script (`assets/page.js`)
-//! then draws the charts from `/api/history` and keeps the tables current.
+//! then draws the overview (one row per target, trouble first) from
+//! `/api/history?view=overview`, the charts of the target the URL names (of every target
+//! on a host of one or two) from `/api/history`, and keeps the tables current.
 
 use std::sync::Arc;
 use std::time::SystemTime;
