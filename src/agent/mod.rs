@@ -82,15 +82,7 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         &registry,
         Arc::clone(&wake),
     ));
-    // The stall record: its own thread loads it into the log and keeps it written.
     let storage_errors = store::register(&registry);
-    let store = match storage {
-        Some(dir) => Some(
-            Store::start(dir, Arc::clone(&stalls), storage_errors)
-                .context("spawning the stall record's thread")?,
-        ),
-        None => None,
-    };
     let history = Arc::new(History::new());
     let ctx = Arc::new(Context::new(
         Arc::new(ProbeMetrics::new(&registry)),
@@ -135,6 +127,15 @@ pub fn run(config: Config, source: Source, options: Options) -> anyhow::Result<(
         .map(|l| l.local_addr())
         .collect::<std::io::Result<Vec<_>>>()?;
     let signals = install_signals(&rt)?;
+    // The stall record: its own thread loads it into the log and keeps it written;
+    // started once the port is ours, so an agent that cannot start touches no record.
+    let store = match storage {
+        Some(dir) => Some(
+            Store::start(dir, Arc::clone(&stalls), storage_errors)
+                .context("spawning the stall record's thread")?,
+        ),
+        None => None,
+    };
 
     // One thread per lane (targets x modes), plus the sampler, the watchdog and the
     // HTTP runtime's, whatever happens to the probed filesystems.

@@ -552,6 +552,8 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
                 if ev.reads == 1 { "" } else { "s" },
                 if ev.complete {
                     ", the last after the call returned"
+                } else if e.interrupted {
+                    "; the agent stopped before the call returned, so these are the last"
                 } else {
                     "; the figures are not final yet"
                 }

@@ -14,7 +14,7 @@
 //! the call returns, so for a call whose wait moves (writeback, then the journal) the
 //! event may name another cause than the one it was counted under.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -219,28 +219,42 @@ impl StallLog {
     /// run's, up to the log's capacity, marked `restored` (and `interrupted` when they
     /// were still ongoing), never counted. Ids of this run stay unique past theirs.
     pub fn restore(&self, events: Vec<StallEvent>) -> usize {
-        let mut inner = lock(&self.inner);
+        // Everything per event (the verdict's phrases among it) is done before the lock
+        // is taken: the lanes, the watchdog and the sampler are running already.
         let now = SystemTime::now();
+        let mut seen = HashSet::new();
+        let restored: Vec<StallEvent> = events
+            .into_iter()
+            .filter(|ev| seen.insert(ev.id.clone()))
+            .take(self.capacity)
+            .map(|mut ev| {
+                ev.restored = true;
+                ev.key = (usize::MAX, u64::MAX);
+                // Only the wall clock survives a restart; the monotonic start is its
+                // best image in this run (used for nothing once the event is over).
+                let ago = now.duration_since(ev.started_at).unwrap_or_default();
+                ev.started = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+                if ev.ongoing {
+                    ev.ongoing = false;
+                    ev.interrupted = true;
+                }
+                set_verdict(&mut ev);
+                ev
+            })
+            .collect();
+        for ev in &restored {
+            id::reserve(&ev.id);
+        }
+        let mut inner = lock(&self.inner);
+        let ours: HashSet<String> = inner.events.iter().map(|e| e.id.clone()).collect();
         let mut kept = 0;
-        for mut ev in events {
+        for ev in restored {
             if inner.events.len() >= self.capacity {
                 break;
             }
-            if inner.events.iter().any(|e| e.id == ev.id) {
+            if ours.contains(&ev.id) {
                 continue;
             }
-            id::reserve(&ev.id);
-            ev.restored = true;
-            ev.key = (usize::MAX, u64::MAX);
-            // Only the wall clock survives a restart; the monotonic start is its
-            // best image in this run (used for nothing once the event is over).
-            let ago = now.duration_since(ev.started_at).unwrap_or_default();
-            ev.started = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
-            if ev.ongoing {
-                ev.ongoing = false;
-                ev.interrupted = true;
-            }
-            set_verdict(&mut ev);
             inner.events.push_back(ev);
             kept += 1;
         }

@@ -2,11 +2,15 @@
 //! evidence, kept across restarts, upgrades and crashes.
 //!
 //! One thread of its own (`stall-store`) loads `DIR/stalls.jsonl` at start, hands the
-//! events to the log as restored, then writes the log again whenever it changed, at most
-//! once a second (so an ongoing event is written every second with its duration so far).
+//! events to the log as restored, then writes the log again when it changed: within a
+//! second of an event's start, its end, its first wait point and evidence reading and
+//! its completed evidence; an ongoing event's progress (its duration so far) every
+//! [`PROGRESS_PERIOD`], so the record adds little to a disk that may be the stalled one.
 //! No probe lane, no watchdog and no HTTP request ever waits on it: it takes the log's
 //! lock only to copy the events out, as a page load does. A state disk that hangs holds
-//! up this thread alone; the agent's shutdown waits for it [`SHUTDOWN_WAIT`], not more.
+//! up this thread alone; the agent's shutdown waits for it [`SHUTDOWN_WAIT`], not more,
+//! though the process, like one with a blocked probe, ends only when the kernel lets
+//! that write return.
 //!
 //! The format is JSON lines: a header line (`{"format":"stallwatch-stalls","version":1,
 //! "events":N,...}`), then one line per event, newest first, each
@@ -28,7 +32,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -42,6 +46,8 @@ use crate::stall::log::StallLog;
 pub const FILE: &str = "stalls.jsonl";
 /// Where a write goes before it is renamed over [`FILE`].
 pub const TMP_FILE: &str = "stalls.jsonl.tmp";
+/// Held (`flock`) by the agent that keeps the record in the directory.
+pub const LOCK_FILE: &str = ".lock";
 /// The header's `format`.
 const FORMAT: &str = "stallwatch-stalls";
 const VERSION: u32 = 1;
@@ -50,6 +56,11 @@ const VERSION: u32 = 1;
 pub const MAX_BYTES: usize = 16 << 20;
 /// The pause between two looks at the log.
 pub const PERIOD: Duration = Duration::from_secs(1);
+/// How often an ongoing event's progress (its duration so far, a new reading of its
+/// evidence) is written when nothing else changed. An event that starts or ends, its
+/// first wait point and evidence reading, its completed evidence are written at the next
+/// look, within [`PERIOD`].
+pub const PROGRESS_PERIOD: Duration = Duration::from_secs(5);
 /// How long shutdown waits for the last write.
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
@@ -259,6 +270,35 @@ pub fn load(dir: &Path) -> Result<Loaded, StoreError> {
     }
 }
 
+/// Why the directory's lock was not taken.
+enum LockError {
+    /// Another agent holds it.
+    Held,
+    /// The lock file could not be made (a missing, read-only or full directory).
+    Io(StoreError),
+}
+
+/// Takes `dir`'s lock for as long as the returned file is open, creating `dir` when it
+/// is missing.
+fn take_lock(dir: &Path) -> Result<File, LockError> {
+    let path = dir.join(LOCK_FILE);
+    if !dir.is_dir() {
+        fs::create_dir_all(dir).map_err(|e| LockError::Io(io_at(dir)(e)))?;
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| LockError::Io(io_at(&path)(e)))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(LockError::Held),
+        Err(e) => Err(LockError::Io(io_at(&path)(e.into()))),
+    }
+}
+
 /// Renames the record in `dir` to `stalls.jsonl.corrupt-UNIXTIME` beside it.
 fn move_aside(dir: &Path) -> io::Result<PathBuf> {
     let secs = SystemTime::now()
@@ -344,6 +384,61 @@ impl Failing {
     }
 }
 
+/// What of each event decides whether a write waits for [`PROGRESS_PERIOD`]: an event
+/// that appeared or ended, its first wait point or evidence, its evidence completed.
+type Shape = Vec<(String, bool, bool, bool, bool)>;
+
+fn shape(events: &[StallEvent]) -> Shape {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e.id.clone(),
+                e.ongoing,
+                e.evidence.complete,
+                e.evidence.reads > 0,
+                !e.wchan.is_empty(),
+            )
+        })
+        .collect()
+}
+
+/// How the record in the directory stands before this run's first write.
+enum Found {
+    /// Loaded, absent, or moved aside: it may be written over.
+    Free,
+    /// Not a record, and it could not be moved aside: moved before the first write.
+    GarbageStays,
+    /// It could not be read (EIO, EACCES…): read again before the first write, never
+    /// written over unread.
+    Unread,
+}
+
+/// Loads the record into `log`; what is left to do before writing over it.
+fn load_into(dir: &Path, log: &StallLog, errors: &prometheus::IntCounter) -> Found {
+    match load(dir) {
+        Ok(loaded) => {
+            let read = loaded.events.len();
+            let kept = log.restore(loaded.events);
+            if loaded.lost > 0 {
+                warn!(file = %dir.join(FILE).display(), lost = loaded.lost, restored = kept,
+                    "stall record cut short: {} event(s) lost, the others restored", loaded.lost);
+            }
+            info!(dir = %dir.display(), read, restored = kept, "stall record loaded");
+            Found::Free
+        }
+        Err(e) => {
+            errors.inc();
+            warn!(error = %e, "stall record not loaded");
+            match e {
+                StoreError::Garbage { .. } => Found::Free,
+                StoreError::GarbageStays { .. } => Found::GarbageStays,
+                StoreError::Io { .. } => Found::Unread,
+            }
+        }
+    }
+}
+
 fn run(
     dir: &Path,
     log: &StallLog,
@@ -354,27 +449,25 @@ fn run(
         errors: Arc::clone(errors),
         since: None,
     };
-    // A file that is not a record but could not be moved aside (a read-only directory)
-    // is moved before anything is written over it: it is never deleted.
-    let mut garbage_stays = false;
-    match load(dir) {
-        Ok(loaded) => {
-            let read = loaded.events.len();
-            let kept = log.restore(loaded.events);
-            if loaded.lost > 0 {
-                warn!(file = %dir.join(FILE).display(), lost = loaded.lost, restored = kept,
-                    "stall record cut short: {} event(s) lost, the others restored", loaded.lost);
-            }
-            info!(dir = %dir.display(), read, restored = kept, "stall record loaded");
-        }
-        Err(e) => {
-            errors.inc();
-            garbage_stays = matches!(e, StoreError::GarbageStays { .. });
-            warn!(error = %e, "stall record not loaded; starting a new one");
-        }
-    }
+    let held = || {
+        errors.inc();
+        warn!(dir = %dir.display(), "stall record: {} is in use by another agent; this one keeps no record", dir.display());
+    };
+    // Taken before the record is read; where the directory cannot hold the lock file yet
+    // (missing and not creatable, read-only), taken again before the first write.
+    let mut lock = match take_lock(dir) {
+        Ok(f) => Some(f),
+        Err(LockError::Held) => return held(),
+        Err(LockError::Io(_)) => None,
+    };
+    // A record that could not be read, or a file that is not a record but could not be
+    // moved aside (a read-only directory), is dealt with before anything is written
+    // over it: it is never deleted.
+    let mut found = load_into(dir, log, errors);
     // The record just loaded is not written back until the log changes.
     let mut written = log.changes();
+    let mut written_shape: Option<Shape> = None;
+    let mut last_write = Instant::now();
     loop {
         let last = match stop.recv_timeout(PERIOD) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
@@ -382,27 +475,63 @@ fn run(
         };
         // After a failure, the next look writes whether or not the log changed since.
         let known = failing.since.is_none().then_some(written);
-        if let (changes, Some(events)) = log.events_if_changed(known) {
-            let result = if garbage_stays {
-                match move_aside(dir) {
+        if let (changes, Some(mut events)) = log.events_if_changed(known) {
+            let mut now_shape = shape(&events);
+            // An ongoing event's duration and evidence move every second; written every
+            // PROGRESS_PERIOD only, so the record does not load the disk it may share
+            // with the stall being diagnosed.
+            let progress_only = failing.since.is_none()
+                && written_shape.as_ref() == Some(&now_shape)
+                && events.iter().any(|e| e.ongoing);
+            if progress_only && !last && last_write.elapsed() < PROGRESS_PERIOD {
+                continue;
+            }
+            let locked = match lock {
+                Some(_) => Ok(()),
+                None => match take_lock(dir) {
+                    Ok(f) => {
+                        lock = Some(f);
+                        Ok(())
+                    }
+                    Err(LockError::Held) => return held(),
+                    Err(LockError::Io(e)) => Err(e),
+                },
+            };
+            let ready = locked.and_then(|()| match found {
+                Found::Free => Ok(()),
+                Found::GarbageStays => match move_aside(dir) {
                     Ok(aside) => {
                         warn!(aside = %aside.display(), "the file that was not a stall record is moved aside");
-                        garbage_stays = false;
+                        found = Found::Free;
                         Ok(())
                     }
                     // Someone removed it meanwhile: nothing is left to keep.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        garbage_stays = false;
+                        found = Found::Free;
                         Ok(())
                     }
                     Err(e) => Err(io_at(&dir.join(FILE))(e)),
+                },
+                Found::Unread => {
+                    found = load_into(dir, log, errors);
+                    match found {
+                        Found::Free => {
+                            // The record read just now joined the log: write them all.
+                            events = log.events();
+                            now_shape = shape(&events);
+                            Ok(())
+                        }
+                        _ => Err(io_at(&dir.join(FILE))(io::Error::other(
+                            "the record there could not be read yet; not written over",
+                        ))),
+                    }
                 }
-            } else {
-                Ok(())
-            };
-            match result.and_then(|()| write(dir, &encode(&events, MAX_BYTES))) {
+            });
+            match ready.and_then(|()| write(dir, &encode(&events, MAX_BYTES))) {
                 Ok(()) => {
                     written = changes;
+                    written_shape = Some(now_shape);
+                    last_write = Instant::now();
                     failing.succeeded(dir);
                 }
                 Err(e) => failing.failed(&e),
@@ -453,6 +582,33 @@ mod tests {
             ..DeviceFigures::default()
         });
         ev
+    }
+
+    /// A record written by the agent at format version 1 (a 3.4 s freeze of an ext4
+    /// loop filesystem: the create and the overwrite lanes' events). Every later agent
+    /// reads it whole: a field added to an event must come with `#[serde(default)]`, or
+    /// an upgrade would lose every stored event.
+    #[test]
+    fn a_version_1_record_written_by_the_agent_still_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stalls.v1.jsonl");
+        let Decoded::Record { events, lost } = decode(&fs::read(path).unwrap()) else {
+            panic!("not a record");
+        };
+        assert_eq!((events.len(), lost), (2, 0));
+        for e in &events {
+            assert_eq!(e.target, "data");
+            assert!(!e.ongoing && e.evidence.complete, "{}", e.id);
+            assert!(e.duration_seconds > 1.0, "{}", e.id);
+            assert!(!e.wchan.is_empty() && e.symbol.is_some(), "{}", e.id);
+            assert!(
+                e.evidence
+                    .block_devices
+                    .iter()
+                    .any(|d| !d.intervals.is_empty()),
+                "{}: the device window",
+                e.id
+            );
+        }
     }
 
     #[test]

@@ -762,9 +762,10 @@ fn debian_package_under_real_systemd() {
     let raid0_event = |done_only: bool| -> Option<serde_json::Value> {
         let body = sys.scrape("/api/stalls").ok()?;
         let events: Vec<serde_json::Value> = serde_json::from_str(&body).ok()?;
-        events
-            .into_iter()
-            .find(|e| e["target"] == "raid0" && (!done_only || e["ongoing"] == false))
+        events.into_iter().find(|e| {
+            e["target"] == "raid0"
+                && (!done_only || (e["ongoing"] == false && e["evidence"]["complete"] == true))
+        })
     };
     raid.freeze();
     let frozen = Instant::now();
@@ -784,7 +785,7 @@ fn debian_package_under_real_systemd() {
             stall = raid0_event(true);
             stall.is_some()
         }),
-        "the raid0 stall did not complete"
+        "the raid0 stall did not complete with its final evidence"
     );
     let stall = stall.unwrap();
     let id = stall["id"].as_str().unwrap().to_owned();

@@ -367,6 +367,8 @@ impl Window {
             .proc_last
             .iter()
             .filter(|(pid, _)| named.is_none() || of(pid).is_some())
+            // The agent's own writes (its probes, its stall record) are not a cause.
+            .filter(|(pid, _)| **pid != std::process::id())
             .filter_map(|(pid, &w)| {
                 let d = w.saturating_sub(*self.proc_base.get(pid)?);
                 (d > 0).then_some((*pid, d))
