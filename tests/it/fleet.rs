@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::support::prom::{dashboard_exprs, grafana_substitute, Engine, Prometheus};
 use crate::support::vm::VictoriaMetrics;
@@ -132,6 +132,8 @@ struct Fleet {
     throttled: String,
     read_only: String,
     blocked: String,
+    /// When the faults began: annotations are asked over the time since.
+    faulted: SystemTime,
 }
 
 /// (instance, value) of `expr` for one instance, 0 when absent.
@@ -231,7 +233,14 @@ fn check(engine: &dyn Engine, fleet: &Fleet) -> (usize, Vec<String>) {
                 e.origin
             );
             checked += 1;
-            match engine.query(&q) {
+            // Grafana asks for an annotation over the dashboard's time range: here the
+            // time since the faults began (a stall is a moment, not a state).
+            let answer = if e.origin.starts_with("annotation ") {
+                engine.query_range(&q, fleet.faulted, "1s")
+            } else {
+                engine.query(&q)
+            };
+            match answer {
                 Err(err) => failures.push(format!("{file} {}: {err}\n    {q}", e.origin)),
                 Ok(r) if r.is_empty() => match allowed.get(e.origin.as_str()) {
                     Some(why) => eprintln!("empty, allowed ({why}): {file} {}", e.origin),
@@ -396,6 +405,7 @@ fn fleet_rules_and_dashboards_against_twenty_agents() {
         throttled: inst[1].clone(),
         read_only: inst[2].clone(),
         blocked: inst[3].clone(),
+        faulted: SystemTime::now(),
     };
     eprintln!(
         "[fleet] {AGENTS} agents up after {:.1}s: frozen {}, throttled {}, read-only {}, blocked {}",
@@ -446,6 +456,10 @@ fn fleet_rules_and_dashboards_against_twenty_agents() {
     }
 
     // The faults.
+    let fleet = Fleet {
+        faulted: SystemTime::now(),
+        ..fleet
+    };
     throttled.throttle_write_bps(8 * 1024);
     read_only.remount_ro();
     frozen.freeze();

@@ -8,7 +8,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -29,6 +29,9 @@ pub trait Engine {
     fn ready(&self) -> bool;
     /// Instant query: the result vector (a scalar as one element), or the API's error.
     fn query(&self, expr: &str) -> Result<Vec<Value>, String>;
+    /// Range query from `start` to now (as Grafana asks for annotations and time series),
+    /// every `step`: the result matrix, or the API's error.
+    fn query_range(&self, expr: &str, start: SystemTime, step: &str) -> Result<Vec<Value>, String>;
     /// The rules it evaluates: (group, name, health, last error).
     fn rules(&self) -> Vec<(String, String, String, String)>;
     /// Its log(s) so far, for failure messages.
@@ -92,7 +95,36 @@ pub(crate) fn api_get(
 
 /// An instant query over the Prometheus HTTP API at `addr`.
 pub(crate) fn api_query(http: &ureq::Agent, addr: &str, expr: &str) -> Result<Vec<Value>, String> {
-    let (status, body) = api_get(http, addr, "/api/v1/query", &[("query", expr)])?;
+    api_result(api_get(http, addr, "/api/v1/query", &[("query", expr)])?)
+}
+
+/// A range query from `start` to now every `step` over the Prometheus HTTP API at `addr`.
+pub(crate) fn api_query_range(
+    http: &ureq::Agent,
+    addr: &str,
+    expr: &str,
+    start: SystemTime,
+    step: &str,
+) -> Result<Vec<Value>, String> {
+    let secs =
+        |t: SystemTime| format!("{:.3}", t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64());
+    let (start, end) = (secs(start), secs(SystemTime::now()));
+    api_result(api_get(
+        http,
+        addr,
+        "/api/v1/query_range",
+        &[
+            ("query", expr),
+            ("start", &start),
+            ("end", &end),
+            ("step", step),
+        ],
+    )?)
+}
+
+/// The result of a query's answer: the result vector or matrix (a scalar as one
+/// element), or the API's error.
+fn api_result((status, body): (u16, String)) -> Result<Vec<Value>, String> {
     let v: Value =
         serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
     if v["status"] != "success" {
@@ -290,6 +322,9 @@ impl Engine for Prometheus {
     }
     fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
         Prometheus::query(self, expr)
+    }
+    fn query_range(&self, expr: &str, start: SystemTime, step: &str) -> Result<Vec<Value>, String> {
+        api_query_range(&self.http, &self.addr, expr, start, step)
     }
     fn rules(&self) -> Vec<(String, String, String, String)> {
         Prometheus::rules(self)

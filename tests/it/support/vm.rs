@@ -12,11 +12,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::SystemTime;
 
 use serde_json::Value;
 
 use super::cmd::tool;
-use super::prom::{api_client, api_get, api_query, api_rules, free_port, stop_child, Engine};
+use super::prom::{
+    api_client, api_get, api_query, api_query_range, api_rules, free_port, stop_child, Engine,
+};
 
 /// VictoriaMetrics and its vmalert; both SIGTERMed (then SIGKILLed) on drop, vmalert first.
 pub struct VictoriaMetrics {
@@ -131,6 +134,10 @@ impl Engine for VictoriaMetrics {
 
     fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
         api_query(&self.http, &self.vm_addr, expr)
+    }
+
+    fn query_range(&self, expr: &str, start: SystemTime, step: &str) -> Result<Vec<Value>, String> {
+        api_query_range(&self.http, &self.vm_addr, expr, start, step)
     }
 
     fn rules(&self) -> Vec<(String, String, String, String)> {
