@@ -136,7 +136,7 @@ struct Fleet {
     faulted: SystemTime,
 }
 
-/// (instance, value) of `expr` for one instance, 0 when absent.
+/// The value of `expr` for one instance, 0 when absent.
 fn value_of(engine: &dyn Engine, expr: &str, instance: &str) -> f64 {
     engine
         .by_label(expr, "instance")
