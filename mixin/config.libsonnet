@@ -48,6 +48,13 @@
     blockedCallSeconds: 1,
 
     // Dashboards.
+    // false: the latency panels read the classic buckets (stallwatch_probe_duration_seconds_bucket,
+    // the `le` label), as every engine that scrapes the text format stores them
+    // (Prometheus, VictoriaMetrics). true: they read the native histogram
+    // (histogram_quantile over rate(stallwatch_probe_duration_seconds[...]), no `le`), for a
+    // Prometheus that scrapes the protobuf format with native histograms enabled. The
+    // recording rules and alerts read the classic buckets either way.
+    nativeHistograms: false,
     dashboardTags: ['stallwatch', 'storage', 'raid'],
     hostDashboardUid: 'stallwatch',
     fleetDashboardUid: 'stallwatch-fleet',

@@ -2,12 +2,17 @@
 // (rules/rules.libsonnet) and the host and target info metrics; one panel is one entry
 // of `panels`.
 local g = import '../lib/grafana.libsonnet';
+local u = import '../lib/utils.libsonnet';
 
 {
   grafanaDashboards+:: {
     'stallwatch-fleet.json':
       local c = $._config;
       local f = { job: 'job=~"$job"', n: c.fleetTopN, w: c.recordingWindow };
+      // With nativeHistograms, the latency panels read the native histogram itself over
+      // the recording rules' window; the bucket recording rules need the classic buckets.
+      local native = c.nativeHistograms;
+      local fsyncSel = '%(job)s,op=~"fsync|fdatasync"' % f;
       // Click a host in a top list: the per-host dashboard for it.
       local hostLink = {
         fieldConfig+: { defaults+: { links: [{
@@ -50,7 +55,8 @@ local g = import '../lib/grafana.libsonnet';
           g.queryVariable('op',
                           'Op',
                           'Timed system call shown in the fleet latency heatmap.',
-                          'instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s}, op' % f,
+                          if native then 'stallwatch_probe_duration_seconds{%(job)s}, op' % f
+                          else 'instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s}, op' % f,
                           current='fsync'),
         ] },
         panels: [
@@ -96,7 +102,12 @@ local g = import '../lib/grafana.libsonnet';
                      'The %(n)d hosts with the slowest fsync/fdatasync: the worst p99 over %(w)s of any of their targets (instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s). Databases commit at this speed.' % f,
                      's',
                      { h: 9, w: 8, x: 0, y: 12 },
-                     [g.target('topk(%(n)d, max by (instance) (instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s{%(job)s,op=~"fsync|fdatasync"}))' % f, '{{instance}}', instant=true)])
+                     [g.target(
+                       if native then 'topk(%d, max by (instance) (%s))' % [c.fleetTopN, u.probeQuantile(true, 0.99, 'instance, job, target, mode, op', fsyncSel, c.recordingWindow)]
+                       else 'topk(%(n)d, max by (instance) (instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s{%(job)s,op=~"fsync|fdatasync"}))' % f,
+                       '{{instance}}',
+                       instant=true
+                     )])
           + hostLink,
           g.bargauge(9,
                      'Top hosts by stalls',
@@ -125,7 +136,12 @@ local g = import '../lib/grafana.libsonnet';
                        'p99 of fsync/fdatasync over %(w)s across all hosts of each kernel release, from the summed histogram buckets (instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s joined with stallwatch_host_info).' % f,
                        's',
                        { h: 8, w: 12, x: 12, y: 22 },
-                       [g.target(|||
+                       [g.target(if native then |||
+                         histogram_quantile(0.99, sum by (kernel_release) (
+                           rate(stallwatch_probe_duration_seconds{%(job)s,op=~"fsync|fdatasync"}[%(w)s])
+                           * on (instance, job) group_left (kernel_release) stallwatch_host_info{%(job)s}
+                         ))
+                       ||| % f else |||
                          histogram_quantile(0.99, sum by (kernel_release, le) (
                            instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s,op=~"fsync|fdatasync"}
                            * on (instance, job) group_left (kernel_release) stallwatch_host_info{%(job)s}
@@ -152,7 +168,12 @@ local g = import '../lib/grafana.libsonnet';
                   "Distribution of the $op call's duration over every host and target: each cell is the calls per second in one histogram bucket over %(w)s (sum by le of instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s). A band far above the main one is the fleet's stall population; the top lists say which hosts it comes from." % f,
                   's',
                   { h: 9, w: 24, x: 0, y: 39 },
-                  [g.target('sum by (le) (instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s,op=~"$op"})' % f, '{{le}}', format='heatmap')])
+                  [g.target(
+                    if native then u.probeHeatmap(true, 'rate', '%(job)s,op=~"$op"' % f, c.recordingWindow)
+                    else 'sum by (le) (instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s,op=~"$op"})' % f,
+                    if native then '' else '{{le}}',
+                    format='heatmap'
+                  )])
           + {
             options: {
               calculate: false,

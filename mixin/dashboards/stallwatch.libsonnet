@@ -1,10 +1,13 @@
 // The per-host dashboard: grafana/stallwatch.json. One panel is one object of `panels`;
 // rows group the panels that follow them (gridPos is absolute, y grows downwards).
 local ds = (import '../lib/grafana.libsonnet').datasource;
+local u = import '../lib/utils.libsonnet';
 
 {
   grafanaDashboards+:: {
     'stallwatch.json': {
+      local native = $._config.nativeHistograms,
+      local sel = 'instance=~"$instance",target=~"$target"',
       __requires: [
         {
           type: 'grafana',
@@ -163,9 +166,9 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             label: 'Op',
             description: 'Timed system calls, for the heatmaps.',
             datasource: ds,
-            definition: 'label_values(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target"}, op)',
+            definition: 'label_values(%s{%s}, op)' % [u.probeSeries(native), sel],
             query: {
-              query: 'label_values(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target"}, op)',
+              query: 'label_values(%s{%s}, op)' % [u.probeSeries(native), sel],
               refId: 'op-query',
               qryType: 1,
             },
@@ -627,7 +630,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           targets: [
             {
               datasource: ds,
-              expr: 'histogram_quantile(0.5, sum by (instance, target, mode, op, le) (rate(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target"}[$__rate_interval])))',
+              expr: u.probeQuantile(native, 0.5, 'instance, target, mode, op', sel, '$__rate_interval'),
               legendFormat: '{{target}} {{mode}}/{{op}}',
               refId: 'A',
               range: true,
@@ -686,7 +689,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           targets: [
             {
               datasource: ds,
-              expr: 'histogram_quantile(0.99, sum by (instance, target, mode, op, le) (rate(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target"}[$__rate_interval])))',
+              expr: u.probeQuantile(native, 0.99, 'instance, target, mode, op', sel, '$__rate_interval'),
               legendFormat: '{{target}} {{mode}}/{{op}}',
               refId: 'A',
               range: true,
@@ -745,7 +748,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           targets: [
             {
               datasource: ds,
-              expr: 'histogram_quantile(1, sum by (instance, target, mode, op, le) (rate(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target"}[$__rate_interval])))',
+              expr: u.probeQuantile(native, 1, 'instance, target, mode, op', sel, '$__rate_interval'),
               legendFormat: '{{target}} {{mode}}/{{op}}',
               refId: 'A',
               range: true,
@@ -875,7 +878,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           targets: [
             {
               datasource: ds,
-              expr: 'histogram_quantile(0.5, sum by (instance, target, op, le) (rate(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target",mode="append"}[$__rate_interval])))',
+              expr: u.probeQuantile(native, 0.5, 'instance, target, op', sel + ',mode="append"', '$__rate_interval'),
               legendFormat: '{{target}} p50 {{op}}',
               refId: 'A',
               range: true,
@@ -883,7 +886,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
             },
             {
               datasource: ds,
-              expr: 'histogram_quantile(0.99, sum by (instance, target, op, le) (rate(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target",mode="append"}[$__rate_interval])))',
+              expr: u.probeQuantile(native, 0.99, 'instance, target, op', sel + ',mode="append"', '$__rate_interval'),
               legendFormat: '{{target}} p99 {{op}}',
               refId: 'B',
               range: true,
@@ -1038,7 +1041,7 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
           targets: [
             {
               datasource: ds,
-              expr: 'sum by (le) (increase(stallwatch_probe_duration_seconds_bucket{instance=~"$instance",target=~"$target",op=~"$op"}[$__rate_interval]))',
+              expr: u.probeHeatmap(native, 'increase', sel + ',op=~"$op"', '$__rate_interval'),
               format: 'heatmap',
               legendFormat: '{{le}}',
               refId: 'A',

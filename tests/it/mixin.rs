@@ -2,9 +2,13 @@
 //! `scripts/build-mixin` compiles from it (jsonnet), the dashboards pass the lint (every
 //! panel reads the datasource variable, has a unit and a description), and the recording
 //! rules are named level:metric:operations and pass their promtool tests; the sources
-//! are jsonnetfmt-formatted.
+//! are jsonnetfmt-formatted. The dashboards' native-histogram variant (`nativeHistograms:
+//! true`, built here, not shipped) differs only in its latency queries, which read no
+//! `_bucket` and no `le`, and a real Prometheus with native histograms enabled accepts
+//! every one of its queries.
 //!
-//! Needs: jsonnet, promtool. A missing tool fails the test with the install command.
+//! Needs: jsonnet, promtool, prometheus. A missing tool fails the test with the install
+//! command.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,6 +17,8 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::support::cmd::{repo, tool};
+use crate::support::prom::{dashboard_exprs, grafana_substitute, DashExpr, Prometheus};
+use crate::support::wait::wait_until;
 
 /// The files scripts/build-mixin writes, relative to the repository (or its output dir).
 const GENERATED: &[&str] = &[
@@ -274,6 +280,139 @@ fn the_lint_catches_a_broken_dashboard() {
         "no `datasource` variable of type datasource (prometheus)".into(),
     );
     assert_eq!(lint(&dash), broken);
+}
+
+// ---------------------------------------------------------------------------------------
+// The native-histogram variant of the dashboards
+
+/// The dashboards as the mixin builds them with `_config+:: { nativeHistograms: true }`,
+/// by file name.
+fn native_dashboards() -> serde_json::Map<String, Value> {
+    let jsonnet = tool("jsonnet", "apt-get install jsonnet");
+    let o = Command::new(jsonnet)
+        .args(["-J", "mixin", "-e"])
+        .arg(
+            "((import 'mixin.libsonnet') + { _config+:: { nativeHistograms: true } })\
+             .grafanaDashboards",
+        )
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "jsonnet: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    match serde_json::from_slice(&o.stdout).unwrap() {
+        Value::Object(m) => m,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+/// Whether a query reads the probe latency histogram.
+fn reads_probe_histogram(e: &DashExpr) -> bool {
+    e.expr.contains("stallwatch_probe_duration_seconds")
+}
+
+/// The identifiers of a PromQL expression (metric and label names, functions, `le`).
+fn words(expr: &str) -> BTreeSet<&str> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+#[test]
+fn native_histogram_dashboards_differ_only_in_their_latency_queries() {
+    let native = native_dashboards();
+    let mut latency = 0;
+    for rel in GENERATED.iter().filter(|f| f.ends_with(".json")) {
+        let name = rel.strip_prefix("grafana/").unwrap();
+        let classic = dashboard_exprs(&dashboard(rel));
+        let nat = dashboard_exprs(&native[name]);
+        let origins = |v: &[DashExpr]| v.iter().map(|e| e.origin.clone()).collect::<Vec<_>>();
+        assert_eq!(origins(&classic), origins(&nat), "{name}: other queries");
+        for (c, n) in classic.iter().zip(&nat) {
+            if !reads_probe_histogram(c) {
+                assert_eq!(c.expr, n.expr, "{name} {}: changed", c.origin);
+                continue;
+            }
+            latency += 1;
+            let w = words(&n.expr);
+            assert!(
+                w.contains("stallwatch_probe_duration_seconds")
+                    && !n.expr.contains("_bucket")
+                    && !w.contains("le"),
+                "{name} {}: not a native-histogram query: {}",
+                n.origin,
+                n.expr
+            );
+            assert_ne!(c.expr, n.expr, "{name} {}", c.origin);
+        }
+        // The native variant builds a dashboard that passes the same lint.
+        let problems = lint(&native[name]);
+        assert!(
+            problems.is_empty(),
+            "native {name}:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+    // p50, p99, max, commit p50/p99, heatmap, op variable; fleet: top fsync, by kernel,
+    // heatmap, op variable.
+    assert!(latency >= 11, "{latency} latency queries");
+}
+
+/// The native variant's queries on a real Prometheus with `--enable-feature=native-histograms`
+/// (Debian's 2.42): each is accepted (`status: success`). Whether they return data needs
+/// an agent that serves native histograms (the protobuf exposition); the classic variant's
+/// data is checked against Prometheus and VictoriaMetrics in fleet::.
+#[test]
+fn native_histogram_dashboards_are_accepted_by_prometheus() {
+    let dir = tempfile::tempdir().unwrap();
+    let prom = Prometheus::start_with(
+        dir.path(),
+        "stallwatch",
+        &[],
+        &[],
+        "1s",
+        &[],
+        &["--enable-feature=native-histograms"],
+    );
+    assert!(
+        wait_until(
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_millis(200),
+            || prom.ready()
+        ),
+        "Prometheus not ready in 30s:\n{}",
+        prom.log()
+    );
+    let (_, flags) = prom.get("/api/v1/status/flags", &[]).unwrap();
+    let flags: Value = serde_json::from_str(&flags).unwrap();
+    assert_eq!(
+        flags["data"]["enable-feature"], "native-histograms",
+        "{flags}"
+    );
+    // The check can fail: a malformed query is refused.
+    assert!(prom
+        .query("histogram_quantile(0.99, sum(rate(stallwatch_probe_duration_seconds[5m]))")
+        .is_err());
+    let mut refused = Vec::new();
+    let mut asked = 0;
+    for (name, dash) in native_dashboards() {
+        for e in dashboard_exprs(&dash) {
+            let q = grafana_substitute(&e.expr, "stallwatch");
+            asked += 1;
+            if let Err(err) = prom.query(&q) {
+                refused.push(format!("{name} {}: {err}\n    {q}", e.origin));
+            }
+        }
+    }
+    assert!(asked >= 30, "{asked} queries");
+    assert!(
+        refused.is_empty(),
+        "refused by Prometheus with native histograms:\n  {}",
+        refused.join("\n  ")
+    );
 }
 
 // ---------------------------------------------------------------------------------------

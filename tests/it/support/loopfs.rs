@@ -242,11 +242,25 @@ impl LoopFs {
         run("xfs_io", &["-x", "-c", "shutdown", p(&self.mnt)]);
     }
 
-    /// `mount -o remount,ro`.
+    /// `mount -o remount,ro`. The kernel refuses it ("mount point is busy") while a file
+    /// is open for writing, as a probe's file is for a moment each cycle: retried for up
+    /// to 5 s.
     pub fn remount_ro(&mut self) {
         self.ensure_ours("remount_ro");
         assert!(!self.frozen, "LoopFs::remount_ro: thaw first");
-        run("mount", &["-o", "remount,ro", p(&self.mnt)]);
+        let mut last = String::new();
+        let done = wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || match run_cmd("mount", &["-o", "remount,ro", p(&self.mnt)]) {
+                Ok(_) => true,
+                Err(e) => {
+                    last = e;
+                    false
+                }
+            },
+        );
+        assert!(done, "remount read-only for 5 s: {last}");
         self.read_only = true;
     }
 

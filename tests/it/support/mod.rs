@@ -12,7 +12,8 @@
 //! * [`agent`]: the real `stallwatch` binary on a temporary config, its log captured;
 //!   [`http`]: the client that talks to it.
 //! * [`metrics`]: a parsed Prometheus text exposition with lookups by name and labels.
-//! * [`prom`]: a real Prometheus scraping agents, queried over its API;
+//! * [`prom`]: a real Prometheus scraping agents, queried over its API; [`vm`]: a real
+//!   VictoriaMetrics with vmalert, the second engine behind the same [`prom::Engine`];
 //!   [`alertmanager`]: a real Alertmanager and the webhook receiver it notifies.
 //! * [`cmd`], [`mounts`], [`wait`], [`writer`]: external commands, the mount table,
 //!   bounded polling, and the random writer that fills a device's queue.
@@ -27,5 +28,6 @@ pub mod metrics;
 pub mod mounts;
 pub mod prom;
 pub mod root;
+pub mod vm;
 pub mod wait;
 pub mod writer;

@@ -1,12 +1,14 @@
 //! A real Prometheus for tests: Debian's `prometheus` binary on 127.0.0.1 (a port the test
 //! picked), scraping the given targets with the given rule files, stopped by its pid on
 //! drop; instant queries over its HTTP API; and the PromQL expressions of a Grafana
-//! dashboard. Used by the deploy and the fleet tests.
+//! dashboard. Used by the deploy and the fleet tests. [`Engine`] is what the fleet checks
+//! need of a Prometheus-compatible engine, so the same checks run against Prometheus and
+//! against VictoriaMetrics with vmalert ([`super::vm`]).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -18,7 +20,169 @@ pub struct Prometheus {
     http: ureq::Agent,
 }
 
-fn free_port() -> u16 {
+/// A Prometheus-compatible engine that scrapes agents and evaluates the shipped rules:
+/// instant queries over `/api/v1/query`, the loaded rules over `/api/v1/rules`.
+pub trait Engine {
+    /// For messages: "Prometheus", "VictoriaMetrics".
+    fn name(&self) -> &'static str;
+    /// Ready to answer queries.
+    fn ready(&self) -> bool;
+    /// Instant query: the result vector (a scalar as one element), or the API's error.
+    fn query(&self, expr: &str) -> Result<Vec<Value>, String>;
+    /// Range query from `start` to now (as Grafana asks for annotations and time series),
+    /// every `step`: the result matrix, or the API's error.
+    fn query_range(&self, expr: &str, start: SystemTime, step: &str) -> Result<Vec<Value>, String>;
+    /// The rules it evaluates: (group, name, health, last error).
+    fn rules(&self) -> Vec<(String, String, String, String)>;
+    /// Its log(s) so far, for failure messages.
+    fn log(&self) -> String;
+
+    /// (label value, sample value) of each series of an instant query.
+    fn by_label(&self, expr: &str, label: &str) -> Vec<(String, f64)> {
+        self.query(expr)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| {
+                (
+                    s["metric"][label].as_str().unwrap_or("").to_string(),
+                    s["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(f64::NAN),
+                )
+            })
+            .collect()
+    }
+
+    /// The first sample of an instant query, 0 when there is none.
+    fn scalar(&self, expr: &str) -> f64 {
+        self.by_label(expr, "")
+            .first()
+            .map(|(_, v)| *v)
+            .unwrap_or(0.0)
+    }
+}
+
+/// An HTTP client for a local API: no proxy, non-2xx statuses as responses.
+pub(crate) fn api_client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into()
+}
+
+/// GET `http://{addr}{path}?query`: Ok((status, body)) or Err(transport error).
+pub(crate) fn api_get(
+    http: &ureq::Agent,
+    addr: &str,
+    path: &str,
+    query: &[(&str, &str)],
+) -> Result<(u16, String), String> {
+    let mut req = http.get(&format!("http://{addr}{path}"));
+    for (k, v) in query {
+        req = req.query(*k, *v);
+    }
+    let mut resp = req.call().map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    Ok((status, body))
+}
+
+/// An instant query over the Prometheus HTTP API at `addr`.
+pub(crate) fn api_query(http: &ureq::Agent, addr: &str, expr: &str) -> Result<Vec<Value>, String> {
+    api_result(api_get(http, addr, "/api/v1/query", &[("query", expr)])?)
+}
+
+/// A range query from `start` to now every `step` over the Prometheus HTTP API at `addr`.
+pub(crate) fn api_query_range(
+    http: &ureq::Agent,
+    addr: &str,
+    expr: &str,
+    start: SystemTime,
+    step: &str,
+) -> Result<Vec<Value>, String> {
+    let secs =
+        |t: SystemTime| format!("{:.3}", t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64());
+    let (start, end) = (secs(start), secs(SystemTime::now()));
+    api_result(api_get(
+        http,
+        addr,
+        "/api/v1/query_range",
+        &[
+            ("query", expr),
+            ("start", &start),
+            ("end", &end),
+            ("step", step),
+        ],
+    )?)
+}
+
+/// The result of a query's answer: the result vector or matrix (a scalar as one
+/// element), or the API's error.
+fn api_result((status, body): (u16, String)) -> Result<Vec<Value>, String> {
+    let v: Value =
+        serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
+    if v["status"] != "success" {
+        return Err(format!(
+            "HTTP {status}: {} {}",
+            v["errorType"].as_str().unwrap_or(""),
+            v["error"].as_str().unwrap_or(&body)
+        ));
+    }
+    Ok(match &v["data"]["result"] {
+        Value::Array(a) => a.clone(),
+        other if !other.is_null() => vec![other.clone()],
+        _ => Vec::new(),
+    })
+}
+
+/// The rules behind `/api/v1/rules` at `addr` (Prometheus' and vmalert's have the same
+/// shape): (group, name, health, last error).
+pub(crate) fn api_rules(http: &ureq::Agent, addr: &str) -> Vec<(String, String, String, String)> {
+    let (_, body) = api_get(http, addr, "/api/v1/rules", &[]).unwrap_or_default();
+    let v: Value = serde_json::from_str(&body).unwrap_or_default();
+    let mut out = Vec::new();
+    for g in v["data"]["groups"].as_array().into_iter().flatten() {
+        for r in g["rules"].as_array().into_iter().flatten() {
+            let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
+            out.push((
+                g["name"].as_str().unwrap_or("").to_string(),
+                s("name"),
+                s("health"),
+                s("lastError"),
+            ));
+        }
+    }
+    out
+}
+
+/// SIGTERM to a child the test started (then SIGKILL after 10 s), reaped.
+pub(crate) fn stop_child(child: &mut Child) {
+    use rustix::process::{kill_process, Pid, Signal};
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    // Unreaped, so the pid is still our child's.
+    if let Some(pid) = Pid::from_raw(child.id() as i32) {
+        let _ = kill_process(pid, Signal::TERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -48,6 +212,20 @@ impl Prometheus {
         rule_files: &[PathBuf],
         interval: &str,
         alertmanagers: &[String],
+    ) -> Prometheus {
+        Prometheus::start_with(dir, job, targets, rule_files, interval, alertmanagers, &[])
+    }
+
+    /// [`Prometheus::start_alerting`] with extra command-line `flags`, e.g.
+    /// `--enable-feature=native-histograms`.
+    pub fn start_with(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        rule_files: &[PathBuf],
+        interval: &str,
+        alertmanagers: &[String],
+        flags: &[&str],
     ) -> Prometheus {
         let bin = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|d| d.join("prometheus"))
@@ -89,18 +267,14 @@ impl Prometheus {
             ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .current_dir(dir)
             .spawn()
             .expect("start prometheus");
-        let http = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .proxy(None)
-            .timeout_global(Some(Duration::from_secs(20)))
-            .build()
-            .into();
+        let http = api_client();
         Prometheus {
             child,
             addr,
@@ -116,17 +290,7 @@ impl Prometheus {
 
     /// GET on its API; Ok(body) or Err(transport error).
     pub fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<(u16, String), String> {
-        let mut req = self.http.get(&format!("http://{}{path}", self.addr));
-        for (k, v) in query {
-            req = req.query(*k, *v);
-        }
-        let mut resp = req.call().map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| e.to_string())?;
-        Ok((status, body))
+        api_get(&self.http, &self.addr, path, query)
     }
 
     pub fn ready(&self) -> bool {
@@ -135,88 +299,61 @@ impl Prometheus {
 
     /// Instant query: the result vector (a scalar as one element), or the API's error.
     pub fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
-        let (status, body) = self.get("/api/v1/query", &[("query", expr)])?;
-        let v: Value =
-            serde_json::from_str(&body).map_err(|e| format!("HTTP {status}: {e}: {body}"))?;
-        if v["status"] != "success" {
-            return Err(format!(
-                "HTTP {status}: {} {}",
-                v["errorType"].as_str().unwrap_or(""),
-                v["error"].as_str().unwrap_or(&body)
-            ));
-        }
-        Ok(match &v["data"]["result"] {
-            Value::Array(a) => a.clone(),
-            other if !other.is_null() => vec![other.clone()],
-            _ => Vec::new(),
-        })
-    }
-
-    /// (label value, sample value) of each series of an instant query.
-    pub fn by_label(&self, expr: &str, label: &str) -> Vec<(String, f64)> {
-        self.query(expr)
-            .unwrap_or_default()
-            .iter()
-            .map(|s| {
-                (
-                    s["metric"][label].as_str().unwrap_or("").to_string(),
-                    s["value"][1]
-                        .as_str()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(f64::NAN),
-                )
-            })
-            .collect()
+        api_query(&self.http, &self.addr, expr)
     }
 
     /// The first sample of an instant query, 0 when there is none.
     pub fn scalar(&self, expr: &str) -> f64 {
-        self.by_label(expr, "")
-            .first()
-            .map(|(_, v)| *v)
-            .unwrap_or(0.0)
+        Engine::scalar(self, expr)
     }
 
     /// The rules Prometheus loaded: (group, name, health, last error).
     pub fn rules(&self) -> Vec<(String, String, String, String)> {
-        let (_, body) = self.get("/api/v1/rules", &[]).unwrap_or_default();
-        let v: Value = serde_json::from_str(&body).unwrap_or_default();
-        let mut out = Vec::new();
-        for g in v["data"]["groups"].as_array().into_iter().flatten() {
-            for r in g["rules"].as_array().into_iter().flatten() {
-                let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
-                out.push((
-                    g["name"].as_str().unwrap_or("").to_string(),
-                    s("name"),
-                    s("health"),
-                    s("lastError"),
-                ));
-            }
-        }
-        out
+        api_rules(&self.http, &self.addr)
+    }
+}
+
+impl Engine for Prometheus {
+    fn name(&self) -> &'static str {
+        "Prometheus"
+    }
+    fn ready(&self) -> bool {
+        Prometheus::ready(self)
+    }
+    fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
+        Prometheus::query(self, expr)
+    }
+    fn query_range(&self, expr: &str, start: SystemTime, step: &str) -> Result<Vec<Value>, String> {
+        api_query_range(&self.http, &self.addr, expr, start, step)
+    }
+    fn rules(&self) -> Vec<(String, String, String, String)> {
+        Prometheus::rules(self)
+    }
+    fn log(&self) -> String {
+        Prometheus::log(self)
     }
 }
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        use rustix::process::{kill_process, Pid, Signal};
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // Unreaped, so the pid is still our child's.
-        if let Some(pid) = Pid::from_raw(self.child.id() as i32) {
-            let _ = kill_process(pid, Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child);
     }
+}
+
+/// A dashboard expression with Grafana's variables as a panel sees them for the whole
+/// fleet of scrape job `job` (target `data`, op `fsync`, a 10s rate interval).
+pub fn grafana_substitute(expr: &str, job: &str) -> String {
+    expr.replace("$__rate_interval", "10s")
+        .replace("$__interval", "2s")
+        .replace("$__range", "1m")
+        .replace("${instance}", ".+")
+        .replace("$instance", ".+")
+        .replace("${target}", "data")
+        .replace("$target", "data")
+        .replace("${op}", "fsync")
+        .replace("$op", "fsync")
+        .replace("${job}", job)
+        .replace("$job", job)
 }
 
 /// A PromQL expression of a dashboard, with where it came from.
