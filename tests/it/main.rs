@@ -24,6 +24,7 @@ mod harness_selftest;
 mod lanes;
 mod mixin;
 mod page;
+mod precision;
 mod probe_cli;
 mod reload;
 mod resident;

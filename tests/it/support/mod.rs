@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod mounts;
 pub mod prom;
 pub mod root;
+pub mod tracefs;
 pub mod vm;
 pub mod wait;
 pub mod writer;
