@@ -49,6 +49,30 @@ impl Prometheus {
         interval: &str,
         alertmanagers: &[String],
     ) -> Prometheus {
+        Prometheus::launch(dir, job, targets, rule_files, interval, alertmanagers, &[])
+    }
+
+    /// [`Prometheus::start`] without rules, with extra command-line `flags` (e.g.
+    /// `--enable-feature=native-histograms`).
+    pub fn start_with_flags(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        interval: &str,
+        flags: &[&str],
+    ) -> Prometheus {
+        Prometheus::launch(dir, job, targets, &[], interval, &[], flags)
+    }
+
+    fn launch(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        rule_files: &[PathBuf],
+        interval: &str,
+        alertmanagers: &[String],
+        flags: &[&str],
+    ) -> Prometheus {
         let bin = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|d| d.join("prometheus"))
             .find(|p| p.is_file())
@@ -89,6 +113,7 @@ impl Prometheus {
             ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
