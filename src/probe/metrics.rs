@@ -253,7 +253,7 @@ impl ProbeMetrics {
 
     /// Records a call's latency; `stall`: the id of the stall event it became and when
     /// it returned, kept as the exemplar (label `stall_id`) of its buckets.
-    pub(super) fn observe(
+    pub(crate) fn observe(
         &self,
         target: &str,
         mode: Mode,
