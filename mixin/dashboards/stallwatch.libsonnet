@@ -632,6 +632,8 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -691,6 +693,8 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -750,6 +754,8 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -880,6 +886,8 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
             {
               datasource: ds,
@@ -888,6 +896,8 @@ local ds = (import '../lib/grafana.libsonnet').datasource;
               refId: 'B',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
