@@ -340,7 +340,17 @@ impl Family for HistogramVec {
         self.series.header(out, "histogram", d);
         let mut c = Counts::default();
         for (labels, _, h) in series.values() {
-            c.clone_from(&lock(&h.0));
+            {
+                // The classic counts only (and the exemplars OpenMetrics writes): the
+                // native buckets are the protobuf's.
+                let g = lock(&h.0);
+                c.buckets.clone_from(&g.buckets);
+                c.count = g.count;
+                c.sum = g.sum;
+                if d == Dialect::OpenMetrics {
+                    c.exemplars.clone_from(&g.exemplars);
+                }
+            }
             let mut cumulative = 0;
             for (i, le) in self.le.iter().enumerate() {
                 cumulative += c.buckets.get(i).copied().unwrap_or(0);
