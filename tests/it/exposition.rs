@@ -519,14 +519,23 @@ fn a_stall_exemplar_leads_to_the_stall() {
         fs.path().display()
     ));
     assert!(agent.wait_up("frozen"));
+    // One Prometheus scraping OpenMetrics, one protobuf with native histograms: both
+    // keep exemplars.
     let pdir = tempfile::tempdir().unwrap();
-    let prom = Prometheus::start_with_flags(
-        pdir.path(),
-        "stallwatch",
-        &[agent.addr().to_string()],
-        "1s",
-        &["--enable-feature=exemplar-storage"],
-    );
+    let proms: Vec<Prometheus> = [
+        ("openmetrics", "--enable-feature=exemplar-storage"),
+        (
+            "native",
+            "--enable-feature=native-histograms,exemplar-storage",
+        ),
+    ]
+    .iter()
+    .map(|(sub, flag)| {
+        let d = pdir.path().join(sub);
+        std::fs::create_dir(&d).unwrap();
+        Prometheus::start_with_flags(&d, "stallwatch", &[agent.addr().to_string()], "1s", &[flag])
+    })
+    .collect();
     fs.freeze();
     let frozen_at = Instant::now();
     std::thread::sleep(Duration::from_millis(2500));
@@ -599,22 +608,25 @@ fn a_stall_exemplar_leads_to_the_stall() {
     assert_eq!(classic.len(), 1);
     assert_eq!(classic[0].labels["stall_id"], id);
 
-    // And Prometheus (OpenMetrics scrape, exemplar storage) keeps it.
-    let mut last = String::new();
-    let found = wait_until(Duration::from_secs(15), Duration::from_millis(500), || {
-        let (_, body) = prom
-            .get(
-                "/api/v1/query_exemplars",
-                &[
-                    ("query", &format!("{DURATION}_bucket")),
-                    ("start", &format!("{}", now - 600.0)),
-                    ("end", &format!("{}", now + 600.0)),
-                ],
-            )
-            .unwrap_or_default();
-        let ok = body.contains(&format!("\"stall_id\":\"{id}\""));
-        last = body;
-        ok
-    });
-    assert!(found, "no exemplar in Prometheus: {last}\n{}", prom.log());
+    // And both Prometheus servers keep it: on the `_bucket` series from OpenMetrics,
+    // on the native series from protobuf.
+    for prom in &proms {
+        let mut last = String::new();
+        let found = wait_until(Duration::from_secs(15), Duration::from_millis(500), || {
+            let (_, body) = prom
+                .get(
+                    "/api/v1/query_exemplars",
+                    &[
+                        ("query", &format!("{{__name__=~\"{DURATION}.*\"}}")),
+                        ("start", &format!("{}", now - 600.0)),
+                        ("end", &format!("{}", now + 600.0)),
+                    ],
+                )
+                .unwrap_or_default();
+            let ok = body.contains(&format!("\"stall_id\":\"{id}\""));
+            last = body;
+            ok
+        });
+        assert!(found, "no exemplar in Prometheus: {last}\n{}", prom.log());
+    }
 }
