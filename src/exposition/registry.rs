@@ -150,14 +150,20 @@ pub fn encode_protobuf(r: &Registry) -> Vec<u8> {
     let direct = lock(&r.direct).clone();
     let mut out = Vec::with_capacity(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
     let enc = prometheus::ProtobufEncoder::new();
+    // Family by family: the crate's encoder stops at the first family it refuses.
+    let crate_families = |fs: &[MetricFamily], out: &mut Vec<u8>| {
+        for mf in fs {
+            let _ = enc.encode(std::slice::from_ref(mf), out);
+        }
+    };
     let mut rest = families.as_slice();
     for d in &direct {
         let n = rest.partition_point(|mf| mf.name() < d.name());
-        let _ = enc.encode(&rest[..n], &mut out);
+        crate_families(&rest[..n], &mut out);
         rest = &rest[n..];
         d.encode_protobuf(&mut out);
     }
-    let _ = enc.encode(rest, &mut out);
+    crate_families(rest, &mut out);
     LAST_PB_LEN.store(out.len(), Ordering::Relaxed);
     out
 }
