@@ -635,6 +635,8 @@ local u = import '../lib/utils.libsonnet';
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -694,6 +696,8 @@ local u = import '../lib/utils.libsonnet';
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -753,6 +757,8 @@ local u = import '../lib/utils.libsonnet';
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {
@@ -883,6 +889,8 @@ local u = import '../lib/utils.libsonnet';
               refId: 'A',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
             {
               datasource: ds,
@@ -891,6 +899,8 @@ local u = import '../lib/utils.libsonnet';
               refId: 'B',
               range: true,
               instant: false,
+              // The stall_id exemplars of the slow calls: a click leads to /stalls/{id}.
+              exemplar: true,
             },
           ],
           fieldConfig: {

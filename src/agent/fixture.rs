@@ -1,5 +1,6 @@
 //! A full hour for the `/api/history` tests and its benchmark
-//! (`benches/history_endpoint.rs`): not used by the agent.
+//! (`benches/history_endpoint.rs`), and a scrape's registry for the exposition benchmark
+//! (`benches/exposition.rs`): not used by the agent.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -113,4 +114,52 @@ pub fn full_hour_of(targets: usize, rss_bytes: impl Fn() -> u64) -> (App, u64, V
         stalls_json: Mutex::default(),
     };
     (app, rss, calls)
+}
+
+/// The registry of an agent with `targets` default targets (create and overwrite, 1 s),
+/// as a scrape sees it: every probe family and the stall counters created, each
+/// latency series fed `per_series` observations spread log-uniformly over 20 µs to
+/// 20 ms (the native buckets of two and a half decades), one in 500 a stall with an
+/// exemplar. For the scrape-cost figures of BENCHMARKS.md (`benches/exposition.rs`).
+/// Returns the registry and the nanoseconds the observations took in all.
+pub fn scrape_registry(targets: usize, per_series: usize) -> (Registry, u64) {
+    let registry = crate::exposition::registry::registry();
+    let metrics = ProbeMetrics::new(&registry);
+    let stalls = StallLog::new(256, &registry, Arc::default());
+    let mut shared = Vec::new();
+    for i in 0..targets {
+        let t = Target {
+            name: format!("target{i}"),
+            path: format!("/srv/disk{i}").into(),
+            interval: Duration::from_secs(1),
+            modes: vec![Mode::Create, Mode::Overwrite],
+            size: 4096,
+            sync: SyncKind::Fsync,
+            require_mountpoint: true,
+            stall_threshold: Duration::from_secs(1),
+            rotate_size: 64 << 20,
+        };
+        let ts = TargetShared::new(i, t, i * 2, &metrics);
+        stalls.add_target(&ts.target.name, &ts.ops);
+        shared.push(Arc::new(ts));
+    }
+    crate::probe::register_inflight(&registry, Arc::new(Targets::new(shared.clone())));
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let t0 = Instant::now();
+    for n in 0..per_series {
+        for ts in &shared {
+            for &(mode, op) in &ts.ops {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // 20 µs × 1000^u, u uniform in [0, 1).
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                let d = Duration::from_secs_f64(20e-6 * 1000f64.powf(u));
+                let stall = (n % 500 == 499).then(|| (format!("fixture-{n}"), SystemTime::now()));
+                metrics.observe(&ts.target.name, mode, op, d, stall);
+            }
+        }
+    }
+    let took = t0.elapsed().as_nanos() as u64;
+    (registry, took)
 }

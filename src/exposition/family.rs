@@ -15,19 +15,34 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::base::sync::lock;
+use crate::exposition::native::{Native, ZERO_THRESHOLD};
+use crate::exposition::protobuf as pb;
+
+/// Which text format: the Prometheus text format 0.0.4, or OpenMetrics 1.0 (counter
+/// families named without `_total`, `"` escaped in help, exemplars after ` # ` on
+/// bucket lines; the caller ends it with `# EOF`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Prometheus,
+    OpenMetrics,
+}
 
 /// A family that writes its own lines: `# HELP`, `# TYPE` and one line per sample.
 pub trait Family: Send + Sync {
     fn name(&self) -> &str;
     /// Appends the family's text; nothing when it has no series (as `gather()` drops
     /// an empty family).
-    fn encode(&self, out: &mut String);
+    fn encode(&self, out: &mut String, d: Dialect);
+    /// Appends the family as one length-delimited protobuf `MetricFamily`; nothing when
+    /// it has no series. Histograms carry native buckets beside the classic ones.
+    fn encode_protobuf(&self, out: &mut Vec<u8>);
 }
 
 /// Series by their label values in name order, joined by NUL (which sorts below every
 /// other character, so the map's order is that of the value tuples): the labels as
-/// written, and the value.
-type Series<T> = BTreeMap<String, (String, Arc<T>)>;
+/// the text writes them, as the protobuf writes them (`LabelPair`s in field 1 of a
+/// `Metric`), and the value.
+type Series<T> = BTreeMap<String, (String, Vec<u8>, Arc<T>)>;
 
 /// A labelled family's series, keyed by their label values in label-name order: the
 /// order the exposition lists them in.
@@ -78,13 +93,17 @@ impl<T: Default> SeriesMap<T> {
         }
         KEY.with_borrow_mut(|key| {
             self.key_into(values, key);
-            if let Some((_, s)) = self.read().get(key.as_str()) {
+            if let Some((_, _, s)) = self.read().get(key.as_str()) {
                 return Arc::clone(s);
             }
             let mut w = self.series.write().unwrap_or_else(|e| e.into_inner());
-            let labels = self.render(values);
+            let (labels, pb_labels) = self.render(values);
             let entry = w.entry(key.clone());
-            Arc::clone(&entry.or_insert_with(|| (labels, Arc::default())).1)
+            Arc::clone(
+                &entry
+                    .or_insert_with(|| (labels, pb_labels, Arc::default()))
+                    .2,
+            )
         })
     }
 
@@ -99,8 +118,9 @@ impl<T: Default> SeriesMap<T> {
         self.series.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `{a="x",b="y"` (without the closing brace), as [`sample`] takes a metric's labels.
-    fn render(&self, values: &[&str]) -> String {
+    /// `{a="x",b="y"` (without the closing brace), as [`sample`] takes a metric's
+    /// labels, and the same pairs as protobuf `LabelPair`s of a `Metric`.
+    fn render(&self, values: &[&str]) -> (String, Vec<u8>) {
         let pairs: Vec<(&str, &str)> = self
             .order
             .iter()
@@ -108,11 +128,15 @@ impl<T: Default> SeriesMap<T> {
             .collect();
         let mut s = String::new();
         labels_into(&mut s, &pairs);
-        s
+        let mut b = Vec::new();
+        for (k, v) in pairs {
+            pb::label_pair(&mut b, 1, k, v);
+        }
+        (s, b)
     }
 
-    fn header(&self, out: &mut String, kind: &str) {
-        header(out, &self.name, &self.help, kind);
+    fn header(&self, out: &mut String, kind: &str, d: Dialect) {
+        header(out, &self.name, &self.help, kind, d);
     }
 }
 
@@ -154,21 +178,34 @@ impl Family for CounterVec {
         &self.0.name
     }
 
-    fn encode(&self, out: &mut String) {
+    fn encode(&self, out: &mut String, d: Dialect) {
         let series = self.0.read();
         if series.is_empty() {
             return;
         }
-        self.0.header(out, "counter");
-        for (labels, c) in series.values() {
+        self.0.header(out, "counter", d);
+        for (labels, _, c) in series.values() {
             sample(out, &self.0.name, "", labels, None, c.get() as f64, 0);
         }
     }
+
+    fn encode_protobuf(&self, out: &mut Vec<u8>) {
+        let series = self.0.read();
+        if series.is_empty() {
+            return;
+        }
+        pb::family(out, &self.0.name, &self.0.help, pb::COUNTER, |f| {
+            for (_, labels, c) in series.values() {
+                pb::scalar_metric(f, labels, pb::COUNTER, c.get() as f64);
+            }
+        });
+    }
 }
 
-/// A latency histogram over fixed bucket bounds. Its counts, count and sum change
-/// together under one lock (held for a few stores by the one lane that observes it,
-/// and for a copy by a scrape), so a scrape never sees a count without its bucket.
+/// A latency histogram over fixed bucket bounds, with native buckets beside them
+/// (`native.rs`). Its counts, count, sum, native buckets and exemplars change together
+/// under one lock (held for a few stores by the one lane that observes it, and for a
+/// copy by a scrape), so a scrape never sees a count without its bucket.
 #[derive(Default)]
 pub struct Histogram(Mutex<Counts>);
 
@@ -178,11 +215,26 @@ struct Counts {
     buckets: Vec<u64>,
     count: u64,
     sum: f64,
+    native: Native,
+    /// The latest exemplar per classic bucket (empty until the first), and the latest
+    /// of the series for the native histogram.
+    exemplars: Vec<Option<Exemplar>>,
+    latest: Option<Exemplar>,
+}
+
+/// An observation's exemplar: one label (the stall event's id), the value observed and
+/// when (Unix seconds).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exemplar {
+    pub label: (&'static str, Arc<str>),
+    pub value: f64,
+    pub unix: f64,
 }
 
 impl Histogram {
-    /// Counts `v` in the first bucket whose bound is at least `v` (`le`: less or equal).
-    fn observe(&self, bounds: &[f64], v: f64) {
+    /// Counts `v` in the first bucket whose bound is at least `v` (`le`: less or equal)
+    /// and in its native bucket; keeps `exemplar` as the latest of that bucket.
+    fn observe(&self, bounds: &[f64], v: f64, exemplar: Option<Exemplar>) {
         let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
         let mut c = lock(&self.0);
         if c.buckets.is_empty() {
@@ -191,6 +243,14 @@ impl Histogram {
         c.buckets[i] += 1;
         c.count += 1;
         c.sum += v;
+        c.native.observe(v);
+        if let Some(e) = exemplar {
+            if c.exemplars.is_empty() {
+                c.exemplars = vec![None; bounds.len() + 1];
+            }
+            c.exemplars[i] = Some(e.clone());
+            c.latest = Some(e);
+        }
     }
 
     pub fn count(&self) -> u64 {
@@ -215,7 +275,7 @@ pub struct HistogramSeries {
 
 impl HistogramSeries {
     pub fn observe(&self, v: f64) {
-        self.h.observe(&self.bounds, v);
+        self.h.observe(&self.bounds, v, None);
     }
 
     pub fn count(&self) -> u64 {
@@ -250,7 +310,14 @@ impl HistogramVec {
 
     /// Counts `v` in the series of `values`.
     pub fn observe(&self, values: &[&str], v: f64) {
-        self.series.get(values).observe(&self.bounds, v);
+        self.series.get(values).observe(&self.bounds, v, None);
+    }
+
+    /// Counts `v` in the series of `values`, with an exemplar.
+    pub fn observe_with_exemplar(&self, values: &[&str], v: f64, exemplar: Exemplar) {
+        self.series
+            .get(values)
+            .observe(&self.bounds, v, Some(exemplar));
     }
 
     /// Removes a series; whether there was one.
@@ -264,40 +331,166 @@ impl Family for HistogramVec {
         &self.series.name
     }
 
-    fn encode(&self, out: &mut String) {
+    fn encode(&self, out: &mut String, d: Dialect) {
         let series = self.series.read();
         if series.is_empty() {
             return;
         }
         let name = self.series.name.as_str();
-        self.series.header(out, "histogram");
+        self.series.header(out, "histogram", d);
         let mut c = Counts::default();
-        for (labels, h) in series.values() {
-            c.clone_from(&lock(&h.0));
+        for (labels, _, h) in series.values() {
+            {
+                // The classic counts only (and the exemplars OpenMetrics writes): the
+                // native buckets are the protobuf's.
+                let g = lock(&h.0);
+                c.buckets.clone_from(&g.buckets);
+                c.count = g.count;
+                c.sum = g.sum;
+                if d == Dialect::OpenMetrics {
+                    c.exemplars.clone_from(&g.exemplars);
+                }
+            }
             let mut cumulative = 0;
             for (i, le) in self.le.iter().enumerate() {
                 cumulative += c.buckets.get(i).copied().unwrap_or(0);
                 let le = Some(("le", le.as_str()));
                 sample(out, name, "_bucket", labels, le, cumulative as f64, 0);
+                if d == Dialect::OpenMetrics {
+                    exemplar_text(out, c.exemplars.get(i));
+                }
             }
             let inf = Some(("le", "+Inf"));
             sample(out, name, "_bucket", labels, inf, c.count as f64, 0);
+            if d == Dialect::OpenMetrics {
+                exemplar_text(out, c.exemplars.get(self.le.len()));
+            }
             sample(out, name, "_sum", labels, None, c.sum, 0);
             sample(out, name, "_count", labels, None, c.count as f64, 0);
         }
     }
+
+    /// Each series as a `Histogram` message with the classic buckets (cumulative, `+Inf`
+    /// left out as the format allows) and the native ones (schema, zero bucket, spans
+    /// and deltas), and the exemplars: the latest per classic bucket, and the series'
+    /// latest in the native `exemplars`.
+    fn encode_protobuf(&self, out: &mut Vec<u8>) {
+        let series = self.series.read();
+        if series.is_empty() {
+            return;
+        }
+        let mut c = Counts::default();
+        let (mut spans, mut deltas) = (Vec::new(), Vec::new());
+        let mut packed = Vec::new();
+        let help = &self.series.help;
+        pb::family(out, &self.series.name, help, pb::HISTOGRAM, |f| {
+            for (_, labels, h) in series.values() {
+                c.clone_from(&lock(&h.0));
+                c.native.spans_and_deltas(&mut spans, &mut deltas);
+                pb::message(f, 4, |m| {
+                    m.extend_from_slice(labels);
+                    // Histogram: field 7 of Metric.
+                    pb::message(m, 7, |hm| {
+                        pb::uint(hm, 1, c.count);
+                        pb::double(hm, 2, c.sum);
+                        let mut cumulative = 0;
+                        for (i, &ub) in self.bounds.iter().enumerate() {
+                            cumulative += c.buckets.get(i).copied().unwrap_or(0);
+                            pb::message(hm, 3, |b| {
+                                pb::uint(b, 1, cumulative);
+                                pb::double(b, 2, ub);
+                                if let Some(Some(e)) = c.exemplars.get(i) {
+                                    exemplar(b, 3, e);
+                                }
+                            });
+                        }
+                        if let Some(Some(e)) = c.exemplars.get(self.bounds.len()) {
+                            // Above the last bound: the +Inf bucket, written only to
+                            // carry its exemplar.
+                            pb::message(hm, 3, |b| {
+                                pb::uint(b, 1, c.count);
+                                pb::double(b, 2, f64::INFINITY);
+                                exemplar(b, 3, e);
+                            });
+                        }
+                        pb::sint(hm, 5, i64::from(c.native.schema));
+                        pb::double(hm, 6, ZERO_THRESHOLD);
+                        pb::uint(hm, 7, c.native.zero_count);
+                        if spans.is_empty() {
+                            // No bucket yet: one empty span marks the histogram as
+                            // native to scrapers that look for spans (client_golang's
+                            // convention).
+                            pb::message(hm, 12, |s| {
+                                pb::sint(s, 1, 0);
+                                pb::uint(s, 2, 0);
+                            });
+                        }
+                        for &(offset, len) in &spans {
+                            pb::message(hm, 12, |s| {
+                                pb::sint(s, 1, i64::from(offset));
+                                pb::uint(s, 2, u64::from(len));
+                            });
+                        }
+                        if !deltas.is_empty() {
+                            packed.clear();
+                            for &d in &deltas {
+                                pb::varint(&mut packed, pb::zigzag(d));
+                            }
+                            pb::bytes(hm, 13, &packed);
+                        }
+                        if let Some(e) = &c.latest {
+                            exemplar(hm, 16, e);
+                        }
+                    });
+                });
+            }
+        });
+    }
 }
 
-/// `# HELP` (when there is help) and `# TYPE` lines of a family.
-pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+/// An `Exemplar` message in `field`: its label, value and timestamp.
+fn exemplar(out: &mut Vec<u8>, field: u32, e: &Exemplar) {
+    pb::message(out, field, |x| {
+        pb::label_pair(x, 1, e.label.0, &e.label.1);
+        pb::double(x, 2, e.value);
+        pb::timestamp(x, 3, e.unix);
+    });
+}
+
+/// `# HELP` (when there is help) and `# TYPE` lines of a family. In OpenMetrics a
+/// counter family is named without its samples' `_total` (one whose name lacks it is
+/// declared `unknown`: its samples keep their name), and help escapes `"` too.
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str, d: Dialect) {
+    let (name, kind) = match (d, kind) {
+        (Dialect::OpenMetrics, "counter") => match name.strip_suffix("_total") {
+            Some(base) => (base, kind),
+            None => (name, "unknown"),
+        },
+        _ => (name, kind),
+    };
+    let om = d == Dialect::OpenMetrics;
     if !help.is_empty() {
-        for part in ["# HELP ", name, " ", &escape(help, false), "\n"] {
+        for part in ["# HELP ", name, " ", &escape(help, om), "\n"] {
             out.push_str(part);
         }
     }
     for part in ["# TYPE ", name, " ", kind, "\n"] {
         out.push_str(part);
     }
+}
+
+/// An OpenMetrics exemplar appended to the bucket line just written:
+/// ` # {stall_id="…"} VALUE TIMESTAMP`.
+fn exemplar_text(out: &mut String, e: Option<&Option<Exemplar>>) {
+    let Some(Some(e)) = e else {
+        return;
+    };
+    out.pop();
+    out.push_str(" # {");
+    out.push_str(e.label.0);
+    out.push_str("=\"");
+    out.push_str(&escape(&e.label.1, true));
+    let _ = writeln!(out, "\"}} {} {:.3}", e.value, e.unix);
 }
 
 /// Appends `{a="x",b="y"` (without the closing brace) for `pairs`, which must be in
@@ -448,8 +641,8 @@ mod tests {
         r.register(Box::new(counter_theirs)).unwrap();
         let want = TextEncoder::new().encode_to_string(&r.gather()).unwrap();
         let mut got = String::new();
-        counter_ours.encode(&mut got);
-        ours.encode(&mut got);
+        counter_ours.encode(&mut got, Dialect::Prometheus);
+        ours.encode(&mut got, Dialect::Prometheus);
         assert_eq!(got, want);
         assert!(
             want.contains(
@@ -459,21 +652,62 @@ mod tests {
         );
     }
 
+    /// An exemplar shows in OpenMetrics on its bucket's line only; the text format
+    /// is the same with or without it; OpenMetrics names a counter family without
+    /// `_total`.
+    #[test]
+    fn exemplars_in_openmetrics_only() {
+        let h = HistogramVec::new("h_seconds", "h \"q\"", &["target"], &[0.1, 1.0]);
+        let same = HistogramVec::new("h_seconds", "h \"q\"", &["target"], &[0.1, 1.0]);
+        let e = Exemplar {
+            label: ("stall_id", "019-ab-7".into()),
+            value: 0.5,
+            unix: 1_764_625_000.25,
+        };
+        for v in [0.05, 0.5, 0.7] {
+            same.observe(&["a"], v);
+            if v == 0.5 {
+                h.observe_with_exemplar(&["a"], v, e.clone());
+            } else {
+                h.observe(&["a"], v);
+            }
+        }
+        let (mut with, mut without) = (String::new(), String::new());
+        h.encode(&mut with, Dialect::Prometheus);
+        same.encode(&mut without, Dialect::Prometheus);
+        assert_eq!(with, without);
+        let mut om = String::new();
+        h.encode(&mut om, Dialect::OpenMetrics);
+        assert!(om.starts_with("# HELP h_seconds h \\\"q\\\"\n"), "{om}");
+        assert!(
+            om.contains(
+                "h_seconds_bucket{target=\"a\",le=\"1\"} 3 # {stall_id=\"019-ab-7\"} 0.5 1764625000.250\n"
+            ),
+            "{om}"
+        );
+        assert_eq!(om.matches(" # {").count(), 1, "{om}");
+        let c = CounterVec::new("c_total", "c", &["x"]);
+        c.with_label_values(&["1"]).inc();
+        let mut om = String::new();
+        c.encode(&mut om, Dialect::OpenMetrics);
+        assert_eq!(om, "# HELP c c\n# TYPE c counter\nc_total{x=\"1\"} 1\n");
+    }
+
     #[test]
     fn removed_and_empty_families_write_nothing() {
         let h = HistogramVec::new("h", "h", &["target"], &[1.0]);
         let mut out = String::new();
-        h.encode(&mut out);
+        h.encode(&mut out, Dialect::Prometheus);
         assert_eq!(out, "");
         h.observe(&["a"], 0.5);
         assert!(h.remove_label_values(&["a"]));
         assert!(!h.remove_label_values(&["a"]));
-        h.encode(&mut out);
+        h.encode(&mut out, Dialect::Prometheus);
         assert_eq!(out, "");
         let c = CounterVec::new("c_total", "c", &["target"]);
         c.with_label_values(&["a"]).inc();
         assert!(c.remove_label_values(&["a"]));
-        c.encode(&mut out);
+        c.encode(&mut out, Dialect::Prometheus);
         assert_eq!(out, "");
     }
 
@@ -502,7 +736,7 @@ mod tests {
             .collect();
         for _ in 0..200 {
             let mut out = String::new();
-            h.encode(&mut out);
+            h.encode(&mut out, Dialect::Prometheus);
             let mut last = 0u64;
             for line in out.lines().filter(|l| !l.starts_with('#')) {
                 let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();

@@ -11,7 +11,7 @@ use prometheus::proto::{MetricFamily, MetricType};
 use prometheus::{IntGaugeVec, Opts, TextEncoder};
 
 use crate::base::sync::lock;
-use crate::exposition::family::{escape, sample, Family};
+use crate::exposition::family::{escape, header, sample, Dialect, Family};
 
 /// The crate's registry for the small families, beside the [`Family`]s that write
 /// their own text (the probe histograms and the stall counters). It derefs to the
@@ -73,8 +73,115 @@ pub fn registry() -> Registry {
 /// size, not grown from nothing (about 1 MB with 64 targets).
 static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
 
+/// The formats a scrape can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `text/plain; version=0.0.4`: the classic buckets only. The default.
+    Text,
+    /// Length-delimited `io.prometheus.client.MetricFamily` messages: classic and native.
+    Protobuf,
+    /// `application/openmetrics-text; version=1.0.0`: the classic buckets with exemplars.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format for a request's `Accept` header, as client_golang's `expfmt.Negotiate`
+    /// picks it: the acceptable type of highest `q` (the first of equal ones) among those
+    /// served; protobuf only when asked for with `proto=io.prometheus.client.MetricFamily`
+    /// and `encoding=delimited`; text for anything else, and without the header.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let mut best = (Format::Text, -1.0f64);
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let (mut q, mut proto, mut encoding, mut version) = (1.0, "", "", "");
+            for p in parts {
+                let Some((k, v)) = p.split_once('=') else {
+                    continue;
+                };
+                let v = v.trim().trim_matches('"');
+                match k.trim().to_ascii_lowercase().as_str() {
+                    "q" => q = v.parse().unwrap_or(0.0),
+                    "proto" => proto = v,
+                    "encoding" => encoding = v,
+                    "version" => version = v,
+                    _ => {}
+                }
+            }
+            let format = match media.as_str() {
+                "application/vnd.google.protobuf"
+                    if proto == "io.prometheus.client.MetricFamily" && encoding == "delimited" =>
+                {
+                    Format::Protobuf
+                }
+                "application/openmetrics-text" if matches!(version, "" | "1.0.0" | "0.0.1") => {
+                    Format::OpenMetrics
+                }
+                "text/plain" | "*/*" | "text/*" => Format::Text,
+                _ => continue,
+            };
+            if q > 0.0 && q > best.1 {
+                best = (format, q);
+            }
+        }
+        best.0
+    }
+
+    /// The response's `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Format::Protobuf => {
+                "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+            }
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+static LAST_PB_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Encodes every family of `r` in the protobuf format, in name order as [`encode`]: the
+/// crate's families with the crate's protobuf encoder (counters and gauges only: the
+/// agent's histograms are all [`Family`]s), ours with their own writer.
+pub fn encode_protobuf(r: &Registry) -> Vec<u8> {
+    use prometheus::Encoder as _;
+    let families = r.gather();
+    let direct = lock(&r.direct).clone();
+    let mut out = Vec::with_capacity(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    let enc = prometheus::ProtobufEncoder::new();
+    // Family by family: the crate's encoder stops at the first family it refuses.
+    let crate_families = |fs: &[MetricFamily], out: &mut Vec<u8>| {
+        for mf in fs {
+            let _ = enc.encode(std::slice::from_ref(mf), out);
+        }
+    };
+    let mut rest = families.as_slice();
+    for d in &direct {
+        let n = rest.partition_point(|mf| mf.name() < d.name());
+        crate_families(&rest[..n], &mut out);
+        rest = &rest[n..];
+        d.encode_protobuf(&mut out);
+    }
+    crate_families(rest, &mut out);
+    LAST_PB_LEN.store(out.len(), Ordering::Relaxed);
+    out
+}
+
 /// Encodes every family of `r` in the text format.
 pub fn encode(r: &Registry) -> String {
+    encode_in(r, Dialect::Prometheus)
+}
+
+/// Encodes every family of `r` in OpenMetrics 1.0 text: as [`encode`], with the
+/// differences of [`Dialect::OpenMetrics`], the exemplars, and `# EOF`.
+pub fn encode_openmetrics(r: &Registry) -> String {
+    let mut out = encode_in(r, Dialect::OpenMetrics);
+    out.push_str("# EOF\n");
+    out
+}
+
+fn encode_in(r: &Registry, dialect: Dialect) -> String {
     let families = r.gather();
     let direct = lock(&r.direct).clone();
     let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
@@ -82,11 +189,11 @@ pub fn encode(r: &Registry) -> String {
     let mut rest = families.as_slice();
     for d in &direct {
         let n = rest.partition_point(|mf| mf.name() < d.name());
-        encode_text(&rest[..n], &mut out);
+        encode_text(&rest[..n], &mut out, dialect);
         rest = &rest[n..];
-        d.encode(&mut out);
+        d.encode(&mut out, dialect);
     }
-    encode_text(rest, &mut out);
+    encode_text(rest, &mut out, dialect);
     LAST_LEN.store(out.len(), Ordering::Relaxed);
     out
 }
@@ -97,7 +204,7 @@ pub fn encode(r: &Registry) -> String {
 /// lines, bucket bounds are formatted once per family, and integral values, which
 /// most samples are (counts, counters, flags), are written as integers. With 64
 /// targets the exposition is 10,000 lines, 8,000 of them histogram lines.
-pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String) {
+pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String, dialect: Dialect) {
     let mut labels = String::new();
     let mut bounds: Vec<(u64, String)> = Vec::new();
     for mf in families {
@@ -111,10 +218,12 @@ pub(crate) fn encode_text(families: &[MetricFamily], out: &mut String) {
             continue;
         }
         let name = mf.name();
-        if !mf.help().is_empty() {
-            let _ = writeln!(out, "# HELP {name} {}", escape(mf.help(), false));
-        }
-        let _ = writeln!(out, "# TYPE {name} {}", format!("{kind:?}").to_lowercase());
+        let kind_name = match kind {
+            MetricType::COUNTER => "counter",
+            MetricType::GAUGE => "gauge",
+            _ => "histogram",
+        };
+        header(out, name, mf.help(), kind_name, dialect);
         bounds.clear();
         for m in mf.get_metric() {
             labels.clear();
@@ -238,7 +347,7 @@ mod tests {
         let families = r.gather();
         let want = TextEncoder::new().encode_to_string(&families).unwrap();
         let mut got = String::new();
-        encode_text(&families, &mut got);
+        encode_text(&families, &mut got, Dialect::Prometheus);
         assert_eq!(got, want);
         assert!(
             want.contains("g_neg_zero -0\n") && want.contains("g_nan NaN\n"),
@@ -275,6 +384,39 @@ mod tests {
         assert_eq!(
             names,
             ["a_total", "b_total", "c_total", "d_total", "e_total", "f_total"]
+        );
+    }
+
+    #[test]
+    fn negotiation_as_client_golang() {
+        use Format::*;
+        let pb = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited";
+        assert_eq!(Format::negotiate(None), Text);
+        assert_eq!(Format::negotiate(Some("")), Text);
+        assert_eq!(Format::negotiate(Some(pb)), Protobuf);
+        // Prometheus 2.42 with --enable-feature=native-histograms.
+        let prom = format!("{pb};q=0.5,application/openmetrics-text;version=1.0.0;q=0.4,application/openmetrics-text;version=0.0.1;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1");
+        assert_eq!(Format::negotiate(Some(&prom)), Protobuf);
+        assert_eq!(
+            Format::negotiate(Some("text/plain;version=0.0.4;q=0.9,application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5")),
+            Text
+        );
+        // Protobuf without the message or the delimited encoding is not ours to serve.
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf")),
+            Text
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text")),
+            Text
+        );
+        assert_eq!(Format::negotiate(Some(&format!("{pb};q=0"))), Text);
+        // Prometheus 2.42 without the feature flag.
+        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prom)), OpenMetrics);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; version=2.0.0")),
+            Text
         );
     }
 

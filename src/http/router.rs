@@ -43,15 +43,20 @@ pub fn app(state: Arc<App>) -> Router {
         .with_state(state)
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        metrics::encode(&app.registry),
-    )
-        .into_response()
+/// The exposition in the format the `Accept` header asks for (`Format::negotiate`):
+/// protobuf with native histograms, OpenMetrics text with the classic buckets and their
+/// exemplars, or (the default) the text format with the classic buckets.
+async fn metrics(State(app): State<Arc<App>>, headers: header::HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = metrics::Format::negotiate(accept);
+    let ct = [(header::CONTENT_TYPE, format.content_type())];
+    match format {
+        metrics::Format::Text => (ct, metrics::encode(&app.registry)).into_response(),
+        metrics::Format::Protobuf => (ct, metrics::encode_protobuf(&app.registry)).into_response(),
+        metrics::Format::OpenMetrics => {
+            (ct, metrics::encode_openmetrics(&app.registry)).into_response()
+        }
+    }
 }
 
 /// `POST /-/reload`: as Prometheus, 403 unless `--web.enable-lifecycle`; the reload runs

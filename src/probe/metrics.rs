@@ -12,7 +12,7 @@ use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::config::Target;
-use crate::exposition::family::HistogramVec;
+use crate::exposition::family::{Exemplar, HistogramVec};
 use crate::exposition::registry::Registry;
 use crate::kernel::mounts::Mount;
 
@@ -251,9 +251,33 @@ impl ProbeMetrics {
             .set(up as i64);
     }
 
-    pub(super) fn observe(&self, target: &str, mode: Mode, op: Op, elapsed: Duration) {
-        self.duration
-            .observe(&[target, mode.as_str(), op.as_str()], elapsed.as_secs_f64());
+    /// Records a call's latency; `stall`: the id of the stall event it became and when
+    /// it returned, kept as the exemplar (label `stall_id`) of its buckets.
+    pub(crate) fn observe(
+        &self,
+        target: &str,
+        mode: Mode,
+        op: Op,
+        elapsed: Duration,
+        stall: Option<(String, SystemTime)>,
+    ) {
+        let labels = [target, mode.as_str(), op.as_str()];
+        let v = elapsed.as_secs_f64();
+        match stall {
+            None => self.duration.observe(&labels, v),
+            Some((id, at)) => {
+                let unix = at
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                let e = Exemplar {
+                    label: ("stall_id", id.into()),
+                    value: v,
+                    unix,
+                };
+                self.duration.observe_with_exemplar(&labels, v, e);
+            }
+        }
     }
 
     pub(super) fn failed(&self, target: &str, mode: Mode, op: Op, failure: Failure) {

@@ -8,7 +8,8 @@ use prometheus::proto::MetricFamily;
 
 use super::target::Targets;
 use crate::base::labels::Op;
-use crate::exposition::family::{header, labels_into, sample, Family};
+use crate::exposition::family::{header, labels_into, sample, Dialect, Family};
+use crate::exposition::protobuf as pb;
 use crate::exposition::registry::Registry;
 use crate::stall::waits::sampling_point;
 
@@ -121,9 +122,46 @@ impl Family for Inflight {
         Self::NAME
     }
 
-    fn encode(&self, out: &mut String) {
+    fn encode(&self, out: &mut String, d: Dialect) {
+        let rows = self.rows();
+        if rows.is_empty() {
+            return;
+        }
+        header(out, Self::NAME, Self::HELP, "gauge", d);
+        let mut labels = String::new();
+        for (mode, op, target, age) in rows {
+            labels.clear();
+            labels_into(
+                &mut labels,
+                &[("mode", mode), ("op", op), ("target", &target)],
+            );
+            sample(out, Self::NAME, "", &labels, None, age, 0);
+        }
+    }
+
+    fn encode_protobuf(&self, out: &mut Vec<u8>) {
+        let rows = self.rows();
+        if rows.is_empty() {
+            return;
+        }
+        let mut labels = Vec::new();
+        pb::family(out, Self::NAME, Self::HELP, pb::GAUGE, |f| {
+            for (mode, op, target, age) in rows {
+                labels.clear();
+                pb::label_pair(&mut labels, 1, "mode", mode);
+                pb::label_pair(&mut labels, 1, "op", op);
+                pb::label_pair(&mut labels, 1, "target", &target);
+                pb::scalar_metric(f, &labels, pb::GAUGE, age);
+            }
+        });
+    }
+}
+
+impl Inflight {
+    /// (mode, op, target, age) of every series, in the order of the label values.
+    fn rows(&self) -> Vec<(&'static str, &'static str, String, f64)> {
         let current = self.targets.current();
-        let mut rows: Vec<(&str, &str, &str, f64)> = Vec::new();
+        let mut rows = Vec::new();
         for t in current.iter() {
             let now = t.in_flight();
             // Set-up (op="prepare") can block too: show it, so a stuck probe is never
@@ -134,23 +172,11 @@ impl Family for Inflight {
                     .iter()
                     .find(|c| c.mode == mode && c.op == op)
                     .map_or(0.0, |c| c.age.as_secs_f64());
-                rows.push((mode.as_str(), op.as_str(), t.target.name.as_str(), age));
+                rows.push((mode.as_str(), op.as_str(), t.target.name.clone(), age));
             }
         }
-        if rows.is_empty() {
-            return;
-        }
         // In the order of the label values, labels in name order: as gather() sorts.
-        rows.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
-        header(out, Self::NAME, Self::HELP, "gauge");
-        let mut labels = String::new();
-        for (mode, op, target, age) in rows {
-            labels.clear();
-            labels_into(
-                &mut labels,
-                &[("mode", mode), ("op", op), ("target", target)],
-            );
-            sample(out, Self::NAME, "", &labels, None, age, 0);
-        }
+        rows.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+        rows
     }
 }

@@ -34,30 +34,37 @@ impl Observer for Recorder<'_> {
             return;
         }
         let t = &self.target.target;
+        // A call that became a stall: counted first, so its observation carries the
+        // event's id as an exemplar.
+        let stall_id = (elapsed >= t.stall_threshold)
+            .then(|| {
+                let devices = self.ctx.devices.of(self.target.index);
+                let key = LaneKey {
+                    devices: &devices,
+                    lane: self.lane.id,
+                    name: &t.name,
+                };
+                let others = self.target.blocked_besides(self.lane);
+                let seq = self.seq.get();
+                let call = FinishedCall {
+                    mode,
+                    op,
+                    seq,
+                    elapsed,
+                    failure,
+                    waits: self.lane.waits.of(seq),
+                };
+                self.ctx.stalls.finished(key, call, &others)
+            })
+            .flatten();
         if failure.is_none() && op != Op::Prepare {
-            self.ctx.metrics.observe(&t.name, mode, op, elapsed);
+            let now = SystemTime::now();
+            self.ctx
+                .metrics
+                .observe(&t.name, mode, op, elapsed, stall_id.map(|id| (id, now)));
             self.ctx
                 .history
-                .record(self.target.index, mode, op, elapsed, SystemTime::now());
-        }
-        if elapsed >= t.stall_threshold {
-            let devices = self.ctx.devices.of(self.target.index);
-            let key = LaneKey {
-                devices: &devices,
-                lane: self.lane.id,
-                name: &t.name,
-            };
-            let others = self.target.blocked_besides(self.lane);
-            let seq = self.seq.get();
-            let call = FinishedCall {
-                mode,
-                op,
-                seq,
-                elapsed,
-                failure,
-                waits: self.lane.waits.of(seq),
-            };
-            self.ctx.stalls.finished(key, call, &others);
+                .record(self.target.index, mode, op, elapsed, now);
         }
     }
 }

@@ -41,9 +41,7 @@ impl Ids {
         s.push_str(itoa::Buffer::new().format(n));
         s
     }
-}
 
-impl Ids {
     /// Makes sure `id`, taken by an earlier run and restored from disk, is never given
     /// again: only an id of this generator's own prefix (same millisecond, same random
     /// draw) could be, and then the sequence moves past it.

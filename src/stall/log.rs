@@ -350,7 +350,13 @@ impl StallLog {
 
     /// A call of lane `key` slower than the threshold returned; `others` are the other
     /// lanes of the target blocked past the threshold right now.
-    pub fn finished(&self, key: LaneKey<'_>, call: FinishedCall, others: &[InFlightOp]) {
+    /// Returns the event's id, for the exemplar of the call's observation.
+    pub fn finished(
+        &self,
+        key: LaneKey<'_>,
+        call: FinishedCall,
+        others: &[InFlightOp],
+    ) -> Option<String> {
         let FinishedCall {
             mode,
             op,
@@ -372,9 +378,7 @@ impl StallLog {
             self.push(&mut inner, ev);
         }
         let latest = inner.history.back().cloned();
-        let Some(ev) = inner.events.iter_mut().find(|e| e.key == (key.lane, seq)) else {
-            return;
-        };
+        let ev = inner.events.iter_mut().find(|e| e.key == (key.lane, seq))?;
         if let Some(s) = &latest {
             update(ev, s);
         }
@@ -399,9 +403,11 @@ impl StallLog {
             also_blocked = %blocked_field(&ev.also_blocked),
             verdict = %ev.verdict,
             "stall ended");
+        let id = ev.id.clone();
         drop(inner);
         // The evidence worker reads once more, for the end of the window.
         self.wake.notify();
+        Some(id)
     }
 
     /// A new sample from the VM sampler: kept for later windows, and folded into every

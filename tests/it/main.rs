@@ -16,6 +16,7 @@ mod config_cli;
 mod deploy;
 mod diagnosis;
 mod evidence;
+mod exposition;
 mod faults;
 mod fleet;
 mod fuzz;

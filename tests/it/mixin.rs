@@ -241,6 +241,26 @@ fn dashboards_pass_the_lint() {
     }
 }
 
+/// The latency panels ask Grafana for exemplars: the `stall_id` of a slow call, which
+/// leads to its event (issue 21).
+#[test]
+fn latency_panels_show_exemplars() {
+    let dash = dashboard("grafana/stallwatch.json");
+    let mut latency = 0;
+    for p in panels(&dash) {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or("");
+            if expr.starts_with("histogram_quantile(")
+                && expr.contains("stallwatch_probe_duration_seconds_bucket")
+            {
+                latency += 1;
+                assert_eq!(t["exemplar"], true, "{} {expr}", p["title"]);
+            }
+        }
+    }
+    assert!(latency >= 5, "{latency} latency targets");
+}
+
 #[test]
 fn the_lint_catches_a_broken_dashboard() {
     let mut dash = dashboard("grafana/stallwatch-fleet.json");

@@ -216,6 +216,18 @@ impl Prometheus {
         Prometheus::start_with(dir, job, targets, rule_files, interval, alertmanagers, &[])
     }
 
+    /// [`Prometheus::start`] without rules, with extra command-line `flags` (e.g.
+    /// `--enable-feature=native-histograms`).
+    pub fn start_with_flags(
+        dir: &Path,
+        job: &str,
+        targets: &[String],
+        interval: &str,
+        flags: &[&str],
+    ) -> Prometheus {
+        Prometheus::start_with(dir, job, targets, &[], interval, &[], flags)
+    }
+
     /// [`Prometheus::start_alerting`] with extra command-line `flags`, e.g.
     /// `--enable-feature=native-histograms`.
     pub fn start_with(
