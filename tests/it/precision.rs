@@ -105,13 +105,23 @@ fn native_quantiles_are_within_ten_percent_of_the_kernels_own_timing() {
         &[],
         "1s",
     );
-    assert!(
-        wait_until(Duration::from_secs(20), Duration::from_millis(200), || {
-            classic.ready()
-        }),
-        "{}",
-        classic.log()
+    let native_dir = tmp.path().join("native");
+    std::fs::create_dir(&native_dir).unwrap();
+    let native = Prometheus::start_with_flags(
+        &native_dir,
+        "stallwatch",
+        &[agent.addr().to_owned()],
+        "1s",
+        &["--enable-feature=native-histograms"],
     );
+    for p in [&classic, &native] {
+        assert!(
+            wait_until(Duration::from_secs(20), Duration::from_millis(200), || p
+                .ready()),
+            "{}",
+            p.log()
+        );
+    }
 
     // The load: quiet, then bursts of buffered random writes into the same filesystem
     // on a device throttled to 4 MB/s, so an fsync waits from a journal commit alone
@@ -140,6 +150,11 @@ fn native_quantiles_are_within_ten_percent_of_the_kernels_own_timing() {
         &format!("stallwatch_probe_duration_seconds_count{sel}"),
         |q| format!("histogram_quantile({q}, stallwatch_probe_duration_seconds_bucket{sel})"),
     );
+    let native_read = read(
+        &native,
+        &format!("histogram_count(stallwatch_probe_duration_seconds{sel})"),
+        |q| format!("histogram_quantile({q}, stallwatch_probe_duration_seconds{sel})"),
+    );
     let calls = trace.stop();
     drop(trace);
     let lane_calls: Vec<f64> = calls
@@ -147,36 +162,59 @@ fn native_quantiles_are_within_ten_percent_of_the_kernels_own_timing() {
         .filter(|c| c.tid == lane && c.nr == NR_FSYNC)
         .map(|c| c.seconds())
         .collect();
-    assert!(
-        lane_calls.len() >= classic_read.calls && classic_read.calls >= 200,
-        "{} fsyncs traced on the lane, {} counted at the last scrape",
-        lane_calls.len(),
-        classic_read.calls
-    );
-    let mut same = lane_calls[..classic_read.calls].to_vec();
-    same.sort_by(f64::total_cmp);
-    let truth = QUANTILES.map(|q| exact(&same, q));
-    eprintln!(
-        "{} fsyncs, exact {:.3} .. {:.3} ms",
-        same.len(),
-        same[0] * 1e3,
-        same[same.len() - 1] * 1e3
-    );
-    eprintln!("| quantile | exact (tracepoints) | classic buckets | error |");
-    eprintln!("|---|---|---|---|");
-    for (i, q) in QUANTILES.iter().enumerate() {
-        eprintln!(
-            "| p{} | {:.3} ms | {:.3} ms | {:+.1} % |",
-            q * 100.0,
-            truth[i] * 1e3,
-            classic_read.quantiles[i] * 1e3,
-            (classic_read.quantiles[i] / truth[i] - 1.0) * 100.0
+    // Each Prometheus against the first calls it counted, sorted.
+    let first = |n: usize| {
+        assert!(
+            lane_calls.len() >= n && n >= 200,
+            "{} fsyncs traced on the lane, {n} counted at the last scrape",
+            lane_calls.len(),
         );
+        let mut same = lane_calls[..n].to_vec();
+        same.sort_by(f64::total_cmp);
+        same
+    };
+    let (classic_calls, native_calls) = (first(classic_read.calls), first(native_read.calls));
+    let (lo, hi) = (native_calls[0], native_calls[native_calls.len() - 1]);
+    eprintln!(
+        "{} fsyncs (native) / {} (classic), exact {:.3} .. {:.3} ms",
+        native_calls.len(),
+        classic_calls.len(),
+        lo * 1e3,
+        hi * 1e3
+    );
+    eprintln!("| quantile | exact | native | error | exact | classic | error |");
+    eprintln!("|---|---|---|---|---|---|---|");
+    let mut native_errors = Vec::new();
+    for (i, q) in QUANTILES.iter().enumerate() {
+        let (tn, tc) = (exact(&native_calls, *q), exact(&classic_calls, *q));
+        let (en, ec) = (
+            native_read.quantiles[i] / tn - 1.0,
+            classic_read.quantiles[i] / tc - 1.0,
+        );
+        eprintln!(
+            "| p{} | {:.3} ms | {:.3} ms | {:+.1} % | {:.3} ms | {:.3} ms | {:+.1} % |",
+            q * 100.0,
+            tn * 1e3,
+            native_read.quantiles[i] * 1e3,
+            en * 100.0,
+            tc * 1e3,
+            classic_read.quantiles[i] * 1e3,
+            ec * 100.0
+        );
+        native_errors.push((q, en));
     }
     assert!(
-        same[same.len() - 1] / same[0] >= 100.0,
+        hi / lo >= 100.0,
         "the load spread the fsyncs over less than two decades: {:.3} .. {:.3} ms",
-        same[0] * 1e3,
-        same[same.len() - 1] * 1e3
+        lo * 1e3,
+        hi * 1e3
     );
+    for (q, e) in native_errors {
+        assert!(
+            e.abs() <= 0.10,
+            "native p{} off by {:+.1} % from the kernel's timing",
+            q * 100.0,
+            e * 100.0
+        );
+    }
 }
