@@ -102,6 +102,9 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     (Exact("__ext4_get_inode_loc"), MetadataBuffer),
     (Exact("__ext4_find_entry"), MetadataBuffer),
     (Exact("__ext4_new_inode"), MetadataBuffer),
+    // XFS: a metadata buffer being read (xfs_buf_read_map → xfs_buf_iowait, the AGF or
+    // AGI of an allocation group, a btree block), seen under a create after drop_caches.
+    (Exact("xfs_buf_iowait"), MetadataBuffer),
     // md: md_write_start (superblock update), md_flush_request, raid1/raid10
     // wait_barrier / _wait_barrier (resync barrier), raid5_get_active_stripe (cache).
     (Prefix("md_"), Md),
@@ -197,6 +200,7 @@ mod tests {
         ("__ext4_get_inode_loc", MetadataBuffer),
         ("__ext4_find_entry", MetadataBuffer),
         ("__ext4_new_inode", MetadataBuffer),
+        ("xfs_buf_iowait", MetadataBuffer),
         ("md_write_start", Md),
         ("wait_barrier", Md),
         ("_wait_barrier", Md),
@@ -342,6 +346,20 @@ mod tests {
             let stack: Vec<&str> = bit_wait.iter().chain(inner).chain(&tail).copied().collect();
             assert_eq!(of_stack(&stack), Some((cause, frame)), "{stack:?}");
         }
+        // XFS: a create reading its allocation group's AGI.
+        let xfs = [
+            "__schedule",
+            "schedule",
+            "schedule_timeout",
+            "wait_for_completion",
+            "xfs_buf_iowait",
+            "xfs_buf_read_map",
+            "xfs_trans_read_buf_map",
+            "xfs_read_agi",
+            "xfs_ialloc_read_agi",
+            "xfs_dialloc",
+        ];
+        assert_eq!(of_stack(&xfs), Some((MetadataBuffer, "xfs_buf_iowait")));
         // A lookup reading a directory block.
         let lookup = [
             "out_of_line_wait_on_bit",

@@ -455,8 +455,8 @@ enum Scenario {
     /// Eight threads creating, writing (64 KiB) and fsyncing small files, the device
     /// throttled to 256 kB/s.
     MetaStorm,
-    /// 2000 small files and a 16 MiB one, caches dropped, reads throttled to 64 kB/s:
-    /// three sequential readers of the big file and a reader walking the small ones.
+    /// 2000 small files and a 16 MiB one, reads throttled to 64 kB/s, three sequential
+    /// readers of the big file, then caches dropped and a reader walking the small ones.
     ColdRead,
     /// `fsfreeze` for 5 s.
     Freeze,
@@ -608,8 +608,17 @@ fn load(s: Scenario, fs: &mut LoopFs, secs: u64) {
             drop(f);
             let _ = run_cmd("sync", &["-f", dir.to_str().unwrap()]);
             read_throttle = Some(fs.throttle_read_bps(64 << 10));
-            std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-            // Three sequential readers keep the throttled read queue seconds deep.
+            // Cold: the big file's pages go first, then, once three sequential readers
+            // keep the throttled read queue seconds deep, everything else (the probes'
+            // directory blocks, inode table blocks and dentries with it), so the probes'
+            // next lookups read behind that queue.
+            rustix::fs::fadvise(
+                std::fs::File::open(&big).unwrap(),
+                0,
+                None,
+                rustix::fs::Advice::DontNeed,
+            )
+            .unwrap();
             for k in 0..3u64 {
                 let f = std::fs::File::open(&big).unwrap();
                 let mut buf = vec![0u8; 1 << 20];
@@ -617,6 +626,8 @@ fn load(s: Scenario, fs: &mut LoopFs, secs: u64) {
                     f.read_at(&mut buf, ((i + 5 * k) % 16) << 20).is_ok()
                 }));
             }
+            std::thread::sleep(Duration::from_secs(1));
+            std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
             handles.push(spawn_loop(&stop, limit, move |i| {
                 let sub = tree.join(format!("d{}", i % 20));
                 if let Ok(rd) = std::fs::read_dir(&sub) {
