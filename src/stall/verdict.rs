@@ -176,7 +176,7 @@ mod tests {
         // The stall matrix's ext4 create reading its inode bitmap behind a busy device.
         let f = Facts {
             op: "create",
-            seconds: 3.14,
+            seconds: 3.12,
             dirty_bytes_max: 20 << 20,
             ..facts(Cause::MetadataBuffer, "ext4_read_bh")
         };
