@@ -131,8 +131,8 @@ local u = import '../lib/utils.libsonnet';
 
           // Any operation slower than the agent's stall_threshold (default 1s) in the
           // alert window, one alert per cause (where the kernel held the call: frozen,
-          // dirty_throttle, journal, writeback_wait, device_queue, md, remote, other,
-          // unknown; empty from agents before 0.2.0). The second branch catches the first
+          // dirty_throttle, journal, writeback_wait, device_queue, metadata_buffer, md,
+          // remote, other, unknown; empty from agents before 0.2.0). The second branch catches the first
           // stall of a series that did not exist a window ago (increase() needs two samples).
           {
             alert: 'StallwatchStalls',

@@ -1407,7 +1407,7 @@ local u = import '../lib/utils.libsonnet';
           type: 'timeseries',
           id: 33,
           title: 'Stalls by cause',
-          description: "Stalls per cause: where the kernel held the call, from the wait-point samples the agent took before the threshold was crossed (frozen, dirty_throttle, journal, writeback_wait, device_queue, md, remote; other: a wait point not in the agent's table; unknown: not sampled). Label cause of stallwatch_stalls_total. Each stall's verdict and samples: /api/stalls.",
+          description: "Stalls per cause: where the kernel held the call, from the wait-point samples the agent took before the threshold was crossed (frozen, dirty_throttle, journal, writeback_wait, device_queue, metadata_buffer, md, remote; other: a wait point not in the agent's table; unknown: not sampled). Label cause of stallwatch_stalls_total. Each stall's verdict and samples: /api/stalls.",
           datasource: ds,
           gridPos: {
             h: 8,

@@ -251,6 +251,9 @@ pub enum Cause {
     /// Waiting in the block layer: a request tag, writeback throttling, a synchronous
     /// request such as a cache flush.
     DeviceQueue,
+    /// Waiting for a filesystem metadata block (an inode or block bitmap, an inode table
+    /// block, a directory block) that is locked or being read from the device.
+    MetadataBuffer,
     /// md RAID: barrier, stripe cache, superblock update or resync.
     Md,
     /// A network or FUSE filesystem waiting for its server.
@@ -274,6 +277,7 @@ impl Cause {
             Cause::Journal => "journal or log commit wait",
             Cause::WritebackWait => "waiting for writeback",
             Cause::DeviceQueue => "block device queue or writeback throttling",
+            Cause::MetadataBuffer => "waiting for a metadata block under I/O",
             Cause::Md => "md RAID barrier, stripe cache or resync",
             Cause::Remote => "network or FUSE filesystem",
             Cause::Other => "wait point not in the cause table",

@@ -53,9 +53,15 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     // XFS: xfs_log_force(_seq) → xlog_cil_force_seq → xlog_wait_on_iclog; log space.
     (Prefix("xlog_"), Journal),
     (Prefix("xfs_log_force"), Journal),
-    // btrfs: a transaction commit.
+    // btrfs: a transaction commit; an fsync's log tree sync (btrfs_sync_log, its log
+    // mutex held by another fsync's log sync: seen as `__mutex_lock` under it in the
+    // stall matrix, tests/it/matrix.rs).
     (Exact("wait_current_trans"), Journal),
     (Exact("btrfs_commit_transaction"), Journal),
+    (Exact("btrfs_sync_log"), Journal),
+    // jbd2's get_write_access waits while the journal commit writes the buffer out
+    // (BH_Shadow); wchan names this static function, the stack its jbd2_ caller.
+    (Exact("do_get_write_access"), Journal),
     (Exact("folio_wait_writeback"), WritebackWait),
     // What wchan shows for folio_wait_writeback (its caller is skipped as a scheduling
     // frame on 6.x); it also waits for a folio lock, but in a probe's write or fsync the
@@ -77,6 +83,28 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     (Exact("blk_queue_enter"), DeviceQueue),
     (Exact("submit_bio_wait"), DeviceQueue),
     (Exact("blkdev_issue_flush"), DeviceQueue),
+    // A metadata block locked or under I/O: buffer-head waits (wait_on_buffer and
+    // lock_buffer are inline; their out-of-line parts are often tail calls, so the
+    // frame seen is the filesystem function that waits), and the ext4 functions seen
+    // waiting so in the stall matrix (tests/it/matrix.rs): a create reading the inode
+    // bitmap (ext4_read_bh ← ext4_read_inode_bitmap) or the inode table block
+    // (__ext4_get_inode_loc), a lookup reading a directory block (__ext4_find_entry).
+    // `__ext4_new_inode` is the wchan of a create's wait on its allocation metadata (the
+    // bitmap, the group's itable-init lock) when no inner frame says more; a journal
+    // wait inside it shows start_this_handle or do_get_write_access first.
+    (Exact("__wait_on_buffer"), MetadataBuffer),
+    (Exact("__lock_buffer"), MetadataBuffer),
+    (Exact("bh_uptodate_or_lock"), MetadataBuffer),
+    (Exact("ext4_read_bh"), MetadataBuffer),
+    (Exact("ext4_read_bh_lock"), MetadataBuffer),
+    (Exact("ext4_read_inode_bitmap"), MetadataBuffer),
+    (Exact("ext4_wait_block_bitmap"), MetadataBuffer),
+    (Exact("__ext4_get_inode_loc"), MetadataBuffer),
+    (Exact("__ext4_find_entry"), MetadataBuffer),
+    (Exact("__ext4_new_inode"), MetadataBuffer),
+    // XFS: a metadata buffer being read (xfs_buf_read_map → xfs_buf_iowait, the AGF or
+    // AGI of an allocation group, a btree block), seen under a create after drop_caches.
+    (Exact("xfs_buf_iowait"), MetadataBuffer),
     // md: md_write_start (superblock update), md_flush_request, raid1/raid10
     // wait_barrier / _wait_barrier (resync barrier), raid5_get_active_stripe (cache).
     (Prefix("md_"), Md),
@@ -144,6 +172,7 @@ mod tests {
         ("xfs_log_force_seq", Journal),
         ("wait_current_trans", Journal),
         ("btrfs_commit_transaction", Journal),
+        ("btrfs_sync_log", Journal),
         ("folio_wait_writeback", WritebackWait),
         ("folio_wait_bit", WritebackWait),
         ("wait_on_page_writeback", WritebackWait),
@@ -160,6 +189,18 @@ mod tests {
         ("blk_queue_enter", DeviceQueue),
         ("submit_bio_wait", DeviceQueue),
         ("blkdev_issue_flush", DeviceQueue),
+        ("do_get_write_access", Journal),
+        ("__wait_on_buffer", MetadataBuffer),
+        ("__lock_buffer", MetadataBuffer),
+        ("bh_uptodate_or_lock", MetadataBuffer),
+        ("ext4_read_bh", MetadataBuffer),
+        ("ext4_read_bh_lock", MetadataBuffer),
+        ("ext4_read_inode_bitmap", MetadataBuffer),
+        ("ext4_wait_block_bitmap", MetadataBuffer),
+        ("__ext4_get_inode_loc", MetadataBuffer),
+        ("__ext4_find_entry", MetadataBuffer),
+        ("__ext4_new_inode", MetadataBuffer),
+        ("xfs_buf_iowait", MetadataBuffer),
         ("md_write_start", Md),
         ("wait_barrier", Md),
         ("_wait_barrier", Md),
@@ -233,6 +274,105 @@ mod tests {
         assert_eq!(of_stack::<&str>(&[]), None);
     }
 
+    /// Stacks the stall matrix (tests/it/matrix.rs) read from the kernel, as tracefs and
+    /// /proc/PID/task/TID/stack write them, and the cause each must get.
+    #[test]
+    fn stacks_seen_in_the_stall_matrix() {
+        // btrfs, random 4 KiB writes on a throttled device: the probe's fsync waits for
+        // the log mutex another fsync holds while it syncs the log tree.
+        let btrfs_log = [
+            "__schedule",
+            "schedule",
+            "schedule_preempt_disabled",
+            "__mutex_lock.constprop.0",
+            "btrfs_sync_log",
+            "btrfs_sync_file",
+            "do_fsync",
+            "__x64_sys_fsync",
+        ];
+        assert_eq!(of_stack(&btrfs_log), Some((Journal, "btrfs_sync_log")));
+        // ext4 creates, their inner frames after the scheduler's (tracefs stacks of the
+        // create lane). A journal wait inside __ext4_new_inode stays a journal wait.
+        let tail = [
+            "__ext4_new_inode",
+            "ext4_create",
+            "path_openat",
+            "do_filp_open",
+        ];
+        let bit_wait = [
+            "io_schedule",
+            "bit_wait_io",
+            "__wait_on_bit",
+            "out_of_line_wait_on_bit",
+        ];
+        let seen: [(&[&str], Cause, &str); 5] = [
+            (
+                &["ext4_read_bh", "ext4_read_inode_bitmap"],
+                MetadataBuffer,
+                "ext4_read_bh",
+            ),
+            (
+                &[
+                    "__ext4_get_inode_loc",
+                    "ext4_get_inode_loc",
+                    "ext4_reserve_inode_write",
+                    "__ext4_mark_inode_dirty",
+                ],
+                MetadataBuffer,
+                "__ext4_get_inode_loc",
+            ),
+            (
+                &[
+                    "do_get_write_access",
+                    "jbd2_journal_get_write_access",
+                    "__ext4_journal_get_write_access",
+                ],
+                Journal,
+                "do_get_write_access",
+            ),
+            (
+                &[
+                    "wait_transaction_locked",
+                    "add_transaction_credits",
+                    "start_this_handle",
+                    "jbd2__journal_start",
+                ],
+                Journal,
+                "wait_transaction_locked",
+            ),
+            (&[], MetadataBuffer, "__ext4_new_inode"),
+        ];
+        for (inner, cause, frame) in seen {
+            let stack: Vec<&str> = bit_wait.iter().chain(inner).chain(&tail).copied().collect();
+            assert_eq!(of_stack(&stack), Some((cause, frame)), "{stack:?}");
+        }
+        // XFS: a create reading its allocation group's AGI.
+        let xfs = [
+            "__schedule",
+            "schedule",
+            "schedule_timeout",
+            "wait_for_completion",
+            "xfs_buf_iowait",
+            "xfs_buf_read_map",
+            "xfs_trans_read_buf_map",
+            "xfs_read_agi",
+            "xfs_ialloc_read_agi",
+            "xfs_dialloc",
+        ];
+        assert_eq!(of_stack(&xfs), Some((MetadataBuffer, "xfs_buf_iowait")));
+        // A lookup reading a directory block.
+        let lookup = [
+            "out_of_line_wait_on_bit",
+            "__ext4_find_entry",
+            "ext4_lookup",
+            "__lookup_slow",
+        ];
+        assert_eq!(
+            of_stack(&lookup),
+            Some((MetadataBuffer, "__ext4_find_entry"))
+        );
+    }
+
     #[test]
     fn label_values_are_the_contract_set() {
         let names: Vec<&str> = Cause::VARIANTS.iter().map(|c| c.as_str()).collect();
@@ -244,6 +384,7 @@ mod tests {
                 "journal",
                 "writeback_wait",
                 "device_queue",
+                "metadata_buffer",
                 "md",
                 "remote",
                 "other",

@@ -172,6 +172,21 @@ mod tests {
     }
 
     #[test]
+    fn a_create_behind_a_metadata_read_says_so() {
+        // The stall matrix's ext4 create reading its inode bitmap behind a busy device.
+        let f = Facts {
+            op: "create",
+            seconds: 3.12,
+            dirty_bytes_max: 20 << 20,
+            ..facts(Cause::MetadataBuffer, "ext4_read_bh")
+        };
+        assert_eq!(
+            verdict(&f, &[], Some(false)),
+            "create blocked 3.1 s in ext4_read_bh (waiting for a metadata block under I/O)"
+        );
+    }
+
+    #[test]
     fn unknown_and_other_causes() {
         let f = Facts {
             cause: Some(Cause::Unknown),

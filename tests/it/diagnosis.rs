@@ -664,15 +664,15 @@ impl fuser::Filesystem for HangFs {
 
 /// A mounted [`HangFs`] in a temporary directory. Drop lets held calls go first, then
 /// unmounts (lazily if still busy).
-struct FuseMount {
-    hang: Arc<AtomicBool>,
+pub(crate) struct FuseMount {
+    pub(crate) hang: Arc<AtomicBool>,
     session: Option<fuser::BackgroundSession>,
-    mnt: PathBuf,
+    pub(crate) mnt: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl FuseMount {
-    fn new() -> FuseMount {
+    pub(crate) fn new() -> FuseMount {
         if !Path::new("/dev/fuse").exists() {
             let _ = run_cmd("modprobe", &["fuse"]);
         }

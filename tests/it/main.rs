@@ -23,6 +23,7 @@ mod fuzz;
 mod golden;
 mod harness_selftest;
 mod lanes;
+mod matrix;
 mod mixin;
 mod page;
 mod precision;
