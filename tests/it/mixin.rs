@@ -4,8 +4,8 @@
 //! rules are named level:metric:operations and pass their promtool tests; the sources
 //! are jsonnetfmt-formatted. The dashboards' native-histogram variant (`nativeHistograms:
 //! true`, built here, not shipped) differs only in its latency queries, which read no
-//! `_bucket` and no `le`, and a real Prometheus with native histograms enabled accepts
-//! every one of its queries.
+//! `_bucket` and no `le`, a real Prometheus with native histograms enabled accepts
+//! every one of its queries, and the host dashboard's return data from a real agent.
 //!
 //! Needs: jsonnet, promtool, prometheus. A missing tool fails the test with the install
 //! command.
@@ -382,9 +382,9 @@ fn native_histogram_dashboards_differ_only_in_their_latency_queries() {
 }
 
 /// The native variant's queries on a real Prometheus with `--enable-feature=native-histograms`
-/// (Debian's 2.42): each is accepted (`status: success`). Whether they return data needs
-/// an agent that serves native histograms (the protobuf exposition); the classic variant's
-/// data is checked against Prometheus and VictoriaMetrics in fleet::.
+/// (Debian's 2.42): each is accepted (`status: success`). The host dashboard's data is
+/// checked below against a real agent; the classic variant's against Prometheus and
+/// VictoriaMetrics in fleet::.
 #[test]
 fn native_histogram_dashboards_are_accepted_by_prometheus() {
     let dir = tempfile::tempdir().unwrap();
@@ -432,6 +432,55 @@ fn native_histogram_dashboards_are_accepted_by_prometheus() {
         refused.is_empty(),
         "refused by Prometheus with native histograms:\n  {}",
         refused.join("\n  ")
+    );
+}
+
+/// The host dashboard's native latency queries return data: a real agent (target
+/// `data` on a directory, with the modes the panels read, so the dashboard's variables substitute) scraped in protobuf
+/// by a real Prometheus with native histograms. The fleet dashboard's native panels need
+/// a fleet (fleet::) and one of them Prometheus 2.45 (docs/fleet.md).
+#[test]
+fn native_histogram_latency_panels_have_data_from_a_real_agent() {
+    let probed = tempfile::tempdir().unwrap();
+    let agent = crate::support::agent::Agent::start(&format!(
+        "targets:\n  - path: {}\n    name: data\n    interval: 200ms\n    modes: [create, overwrite, append]\n    require_mountpoint: false\n",
+        probed.path().display()
+    ));
+    assert!(agent.wait_up("data"), "{}", agent.log_tail(20));
+    let dir = tempfile::tempdir().unwrap();
+    let prom = Prometheus::start_with_flags(
+        dir.path(),
+        "stallwatch",
+        &[agent.addr().to_owned()],
+        "1s",
+        &["--enable-feature=native-histograms"],
+    );
+    let seconds = |s| std::time::Duration::from_secs(s);
+    let ingested = wait_until(seconds(40), std::time::Duration::from_millis(500), || {
+        prom.scalar(r#"histogram_count(rate(stallwatch_probe_duration_seconds{target="data",op="fsync"}[10s]))"#)
+            > 0.0
+    });
+    assert!(ingested, "no native histogram ingested:\n{}", prom.log());
+    let dashboards = native_dashboards();
+    let host = &dashboards["stallwatch.json"];
+    let mut empty = Vec::new();
+    let mut asked = 0;
+    for e in dashboard_exprs(host)
+        .into_iter()
+        .filter(reads_probe_histogram)
+    {
+        let q = grafana_substitute(&e.expr, "stallwatch");
+        asked += 1;
+        match prom.query(&q) {
+            Ok(r) if !r.is_empty() => {}
+            other => empty.push(format!("{}: {other:?}\n    {q}", e.origin)),
+        }
+    }
+    assert!(asked >= 5, "{asked} latency queries");
+    assert!(
+        empty.is_empty(),
+        "native latency queries without data:\n  {}",
+        empty.join("\n  ")
     );
 }
 
