@@ -58,14 +58,22 @@ fn amtool_check(file: &std::path::Path) -> Result<String, String> {
 }
 
 /// The repository file the Debian package installs at `/usr/…` (Cargo.toml's
-/// `[package.metadata.deb] assets`, `["SRC", "DEST", "MODE"]` one a line).
+/// `[package.metadata.deb] assets`, `["SRC", "DEST", "MODE"]` one a line; a SRC of the
+/// form `dir/*.ext` installs each such file into the DEST directory).
 fn packaged_source(installed: &str) -> Option<PathBuf> {
     let want = installed.trim_start_matches('/');
     read("Cargo.toml").lines().find_map(|l| {
         let l = l.trim().strip_prefix("[\"")?;
         let mut parts = l.split("\", \"");
         let (src, dest) = (parts.next()?, parts.next()?);
-        (dest == want).then(|| repo().join(src))
+        if dest == want {
+            return Some(repo().join(src));
+        }
+        let name = want.strip_prefix(dest).filter(|_| dest.ends_with('/'))?;
+        let (dir, ext) = src.split_once("/*")?;
+        (!name.contains('/') && name.ends_with(ext))
+            .then(|| repo().join(dir).join(name))
+            .filter(|p| p.is_file())
     })
 }
 
