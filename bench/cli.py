@@ -99,6 +99,9 @@ def parser():
     opt("--floor-rounds", type=int, default=3,
         help="floor: rounds of the agent and the floor program, order alternating (default 3)")
     opt("--floor-window", type=float, default=60, help="floor: window per process and round, s (60)")
+    opt("--floor-compare", type=str, metavar="BIN", default=None,
+        help="floor: another stallwatch binary (e.g. the build before a change), measured "
+             "in the same rounds as a third process")
     opt("--floor-warmup", type=float, default=3,
         help="floor: seconds after start (the agent: after every target is up) before the window (3)")
     return ap

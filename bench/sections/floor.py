@@ -10,10 +10,11 @@ name, for where the agent's overhead beyond the floor comes from.
 
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
-from ..harness import (CLK_TCK, Agent, MeasureError, log, metric_sum, run, start_proc, stop_proc,
+from ..harness import (CLK_TCK, Agent, MeasureError, SetupError, log, metric_sum, run, start_proc, stop_proc,
                        target_yaml, wait_all_up)
 from ..results import Goal
 from ..stats import fixed, med
@@ -25,6 +26,8 @@ GOAL = 1.2
 
 
 def compile_floor(work):
+    if not shutil.which("cc"):
+        raise SetupError("section floor compiles bench/floor.c: cc not found")
     out = work / "floor"
     run(["cc", "-O2", "-Wall", "-pthread", "-o", str(out), str(SOURCE)], timeout=120)
     return out
@@ -63,9 +66,9 @@ def delta(a, b):
             "threads": {k: v - a[3].get(k, 0) for k, v in b[3].items()}}
 
 
-def measure_agent(ctx, targets, rnd):
+def measure_agent(ctx, targets, rnd, binary, tag="agent"):
     cfg = "listen_address: 127.0.0.1:0\ndefaults:\n  interval: 1s\n" + target_yaml(targets)
-    agent = Agent(ctx.binary, ctx.work, f"floor-agent-{rnd}", cfg)
+    agent = Agent(binary, ctx.work, f"floor-{tag}-{rnd}", cfg)
     try:
         wait_all_up(agent, targets, 20)
         time.sleep(ctx.args.floor_warmup)
@@ -116,17 +119,29 @@ def measure(ctx):
     from .scale import scale_targets
     targets = scale_targets(ctx)
     prog = compile_floor(ctx.work)
+    whos = ["agent", "floor"]
+    before = None
+    if ctx.args.floor_compare:
+        # Another build of the agent (the one before a change) in the same rounds.
+        before = ctx.work / "stallwatch-before"
+        shutil.copy2(ctx.args.floor_compare, before)
+        whos.append("before")
     rounds = []
     for r in range(ctx.args.floor_rounds):
-        order = ("agent", "floor") if r % 2 == 0 else ("floor", "agent")
+        # Two: the order alternates; three: it rotates.
+        order = (whos[r % 2:] + whos[:r % 2] if len(whos) == 2
+                 else whos[r % 3:] + whos[:r % 3])
         res = {"order": list(order), "load": list(os.getloadavg())}
         for who in order:
             log(f"floor: round {r + 1}/{ctx.args.floor_rounds}, {who}, "
                 f"{ctx.args.floor_window:.0f} s, {len(targets)} targets at 1 s")
-            res[who] = (measure_agent(ctx, targets, r) if who == "agent"
-                        else measure_floor(ctx, prog, targets, r))
+            if who == "floor":
+                res[who] = measure_floor(ctx, prog, targets, r)
+            else:
+                res[who] = measure_agent(ctx, targets, r, before if who == "before" else ctx.binary, who)
         rounds.append(res)
-    data = {"targets": len(targets), "lanes": 2 * len(targets), "rounds": rounds}
+    data = {"targets": len(targets), "lanes": 2 * len(targets), "rounds": rounds,
+            "before": str(ctx.args.floor_compare) if before else None}
     return data, goals(data)
 
 
@@ -156,7 +171,6 @@ def goals(data):
 
 
 def spread(xs, f):
-    xs = [x for x in xs]
     return f"{f(med(xs))} ({f(min(xs))}-{f(max(xs))})" if xs else "n/a"
 
 
@@ -177,6 +191,19 @@ def tables(data, params):
                  spread([cs_s(r["agent"]) for r in data["rounds"]], lambda x: f"{x:.0f}"),
                  spread([cs_s(r["floor"]) for r in data["rounds"]], lambda x: f"{x:.0f}"),
                  spread(cs_ratios(data), lambda x: f"{x:.2f}"), ""))
+    notes = []
+    if data.get("before"):
+        bf = [pct_core(r["before"]) for r in data["rounds"]]
+        br = [pct_core(r["before"]) / pct_core(r["floor"]) for r in data["rounds"] if r["floor"]["cpu"]]
+        ba = [pct_core(r["agent"]) / pct_core(r["before"]) for r in data["rounds"] if r["before"]["cpu"]]
+        bl = [sum(v for k, v in r["before"]["threads"].items() if k.startswith("lanes-"))
+              / max(1, r["before"]["cycles"]) for r in data["rounds"]]
+        notes.append(f"before ({data['before']}), in the same rounds: CPU "
+                     + spread(bf, lambda x: f"{x:.3f} %") + ", ratio to the floor "
+                     + spread(br, lambda x: f"{x:.2f}") + ", agent/before "
+                     + spread(ba, lambda x: f"{x:.2f}") + ", context switches "
+                     + spread([cs_s(r["before"]) for r in data["rounds"]], lambda x: f"{x:.0f}")
+                     + "/s, lanes per cycle " + spread(bl, lambda x: f"{x * 1e6:.1f} µs"))
     main = Table(
         title="Agent against the syscall floor",
         caption=f"{data['targets']} targets (8 loop filesystems, the rest tmpfs), default modes "
@@ -187,7 +214,7 @@ def tables(data, params):
                 "window, context switches voluntary + involuntary of all its threads",
         head=("round", "order", "load (1 min)", "agent CPU", "floor CPU", "ratio",
               "agent cs/s", "floor cs/s", "cs ratio", "agent cycles/s"),
-        rows=rows)
+        rows=rows, notes=notes)
     # Where the agent's CPU goes: per thread group, median over the rounds.
     groups = sorted({g for r in data["rounds"] for g in r["agent"]["threads"]},
                     key=lambda g: -med([r["agent"]["threads"].get(g, 0) for r in data["rounds"]]))
@@ -222,5 +249,5 @@ SECTION = Section(
     name="floor", aliases=(),
     summary="64 targets at 1 s: the agent's CPU and context switches against bench/floor.c, "
             "the same system calls per lane cycle (only when named)",
-    params=("scale_targets", "floor_rounds", "floor_window", "floor_warmup"),
+    params=("scale_targets", "floor_rounds", "floor_window", "floor_warmup", "floor_compare"),
     default=False, measure=measure, tables=tables)
