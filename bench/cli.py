@@ -45,7 +45,8 @@ from .tables import Table
 QUICK = {"rounds": 2, "count": 100, "window": 20, "requests": 100, "freezes": 1,
          "b2b_rounds": 1, "b2b_count": 300, "scale_window": 20, "frozen_requests": 50,
          "append_rounds": 2, "append_count": 100, "append_b2b_rounds": 1,
-         "append_b2b_count": 300, "agent_window": 15, "agent_freeze": 2}
+         "append_b2b_count": 300, "agent_window": 15, "agent_freeze": 2,
+         "floor_rounds": 2, "floor_window": 10}
 
 
 def sections_help():
@@ -95,6 +96,14 @@ def parser():
              "filesystems first; 0: none")
     opt("--agent-window", type=float, default=60, help="agent: window, s (default 60)")
     opt("--agent-freeze", type=float, default=5, help="agent: freeze held, s (default 5)")
+    opt("--floor-rounds", type=int, default=3,
+        help="floor: rounds of the agent and the floor program, order alternating (default 3)")
+    opt("--floor-window", type=float, default=60, help="floor: window per process and round, s (60)")
+    opt("--floor-compare", type=str, metavar="BIN", default=None,
+        help="floor: another stallwatch binary (e.g. the build before a change), measured "
+             "in the same rounds as a third process")
+    opt("--floor-warmup", type=float, default=3,
+        help="floor: seconds after start (the agent: after every target is up) before the window (3)")
     return ap
 
 

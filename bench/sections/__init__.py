@@ -33,6 +33,7 @@ class Context:
     work: Path
     binary: Path
     _loops: list = field(default=None, repr=False)
+    tmpfs: list = field(default=None, repr=False)
 
     def loops(self):
         if self._loops is None:
@@ -45,9 +46,9 @@ class Context:
 
 def all_sections():
     """Every section, in run order (that of the numbered bench: 1, 2+3, 5, 4, 6, 7)."""
-    from . import accuracy, agent, append, detection, overhead, scale, series
+    from . import accuracy, agent, append, detection, floor, overhead, scale, series
     return [accuracy.SECTION, overhead.SECTION, series.SECTION, detection.SECTION,
-            scale.SECTION, append.SECTION, agent.SECTION]
+            scale.SECTION, append.SECTION, agent.SECTION, floor.SECTION]
 
 
 def by_name():

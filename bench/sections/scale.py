@@ -172,12 +172,21 @@ def goals(data):
     return g
 
 
+def scale_targets(ctx):
+    """The 8 loop filesystems and --scale-targets - 8 tmpfs mounts (made on first use,
+    shared with section `floor`)."""
+    loops = ctx.loops()
+    if ctx.tmpfs is None:
+        n_tmpfs = ctx.args.scale_targets - len(loops)
+        log(f"mounting {n_tmpfs} tmpfs under {ctx.work / 'tmpfs'}")
+        ctx.tmpfs = [Tmpfs(ctx.work, i).create() for i in range(n_tmpfs)]
+    return loops + ctx.tmpfs
+
+
 def measure(ctx):
     loops = ctx.loops()
-    n_tmpfs = ctx.args.scale_targets - len(loops)
-    log(f"scale: mounting {n_tmpfs} tmpfs under {ctx.work / 'tmpfs'}")
-    tmp = [Tmpfs(ctx.work, i).create() for i in range(n_tmpfs)]
-    targets = loops + tmp
+    targets = scale_targets(ctx)
+    n_tmpfs = len(targets) - len(loops)
     data = {"n_tmpfs": n_tmpfs, "n_loop": len(loops),
             "1s": scale_phase(ctx, targets, loops, 1.0, with_scrape=True),
             "10s": scale_phase(ctx, targets, loops, 10.0, with_scrape=False)}

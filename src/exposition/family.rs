@@ -278,6 +278,11 @@ impl HistogramSeries {
         self.h.observe(&self.bounds, v, None);
     }
 
+    /// Counts `v`, with an exemplar.
+    pub fn observe_with_exemplar(&self, v: f64, exemplar: Exemplar) {
+        self.h.observe(&self.bounds, v, Some(exemplar));
+    }
+
     pub fn count(&self) -> u64 {
         self.h.count()
     }

@@ -26,6 +26,17 @@ pub struct TargetHistory {
     pub series: Vec<OpSeries>,
 }
 
+impl TargetHistory {
+    /// A call of `mode` `op` completed at `at` after `elapsed`. The lanes call this on
+    /// the history they looked up once ([`History::target`]), without the whole
+    /// history's lock.
+    pub fn record(&self, mode: Mode, op: Op, elapsed: Duration, at: SystemTime) {
+        if let Some(s) = self.series.iter().find(|s| s.mode == mode && s.op == op) {
+            lock(&s.ring).record(unix_secs(at), elapsed.as_secs_f32());
+        }
+    }
+}
+
 pub(super) struct KernelRing {
     ring: Ring<KernelPoint>,
     /// The previous sample's PSI totals and time, for the rates.
@@ -93,11 +104,8 @@ impl History {
 
     /// A call of `mode` `op` on target `index` completed at `at` after `elapsed`.
     pub fn record(&self, index: usize, mode: Mode, op: Op, elapsed: Duration, at: SystemTime) {
-        let Some(t) = self.target(index) else {
-            return;
-        };
-        if let Some(s) = t.series.iter().find(|s| s.mode == mode && s.op == op) {
-            lock(&s.ring).record(unix_secs(at), elapsed.as_secs_f32());
+        if let Some(t) = self.target(index) {
+            t.record(mode, op, elapsed, at);
         }
     }
 

@@ -104,12 +104,40 @@ pub fn parse_uint<T: FromStr>(
         .map_err(|_| ParseError::new(what, "integer out of range", input))
 }
 
+/// What a read of a kernel file asks for first: /proc/vmstat (about 4.5 KiB) in one
+/// read.
+const FIRST_READ: usize = 8192;
+
+/// A kernel file whole, in as few reads as its size allows. `fs::read_to_string` asks
+/// the file's size first (a `statx`, which says 0 for procfs and sysfs) and then reads
+/// in steps from 32 bytes up: ten reads for /proc/vmstat, which the sampler reads every
+/// second.
+fn read_whole(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; FIRST_READ];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(2 * len, 0);
+        }
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Reads a kernel file whole and parses it; errors carry the path.
 pub fn read_parse<T>(
     path: &Path,
     parse: impl FnOnce(&str) -> Result<T, ParseError>,
 ) -> Result<T, ReadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+    let text = read_whole(path).map_err(|source| ReadError::Io {
         path: path.to_owned(),
         source,
     })?;

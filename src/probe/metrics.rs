@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use prometheus::core::Collector;
-use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::config::Target;
-use crate::exposition::family::{Exemplar, HistogramVec};
+use crate::exposition::family::{Exemplar, HistogramSeries, HistogramVec};
 use crate::exposition::registry::Registry;
 use crate::kernel::mounts::Mount;
 
@@ -234,6 +234,34 @@ impl ProbeMetrics {
         self.last_success.with_label_values(&[name]).set(0.0);
     }
 
+    /// The series a lane of `target` writes every cycle, looked up once: a lookup by
+    /// label values takes the family's lock and compares the label strings, which the
+    /// lanes, waking together, would otherwise do several times a cycle each.
+    pub(super) fn lane_series(&self, target: &str, mode: Mode, ops: &[Op]) -> LaneSeries {
+        LaneSeries {
+            duration: ops
+                .iter()
+                .map(|&op| {
+                    let h = self
+                        .duration
+                        .with_label_values(&[target, mode.as_str(), op.as_str()]);
+                    (op, h)
+                })
+                .collect(),
+            cycles: self.cycles.with_label_values(&[target, mode.as_str()]),
+            lane_up: self.lane_up.with_label_values(&[target, mode.as_str()]),
+        }
+    }
+
+    /// The per-target series every cycle writes, looked up once (see `lane_series`).
+    pub(super) fn target_series(&self, target: &str) -> TargetSeries {
+        TargetSeries {
+            up: self.up.with_label_values(&[target]),
+            read_only: self.read_only.with_label_values(&[target]),
+            last_success: self.last_success.with_label_values(&[target]),
+        }
+    }
+
     /// The skip counter of `target` for `reason`.
     pub(super) fn skipped(&self, target: &str, reason: SkipReason) -> IntCounter {
         self.skipped.with_label_values(&[target, reason.as_str()])
@@ -251,9 +279,11 @@ impl ProbeMetrics {
             .set(up as i64);
     }
 
-    /// Records a call's latency; `stall`: the id of the stall event it became and when
-    /// it returned, kept as the exemplar (label `stall_id`) of its buckets.
-    pub(crate) fn observe(
+    /// Records a call's latency by its labels, with the stall exemplar as
+    /// [`LaneSeries::observe`] does; the lanes hold their series instead of looking them
+    /// up. For fixtures (`agent::fixture::scrape_registry`).
+    #[doc(hidden)]
+    pub fn observe(
         &self,
         target: &str,
         mode: Mode,
@@ -266,16 +296,8 @@ impl ProbeMetrics {
         match stall {
             None => self.duration.observe(&labels, v),
             Some((id, at)) => {
-                let unix = at
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs_f64();
-                let e = Exemplar {
-                    label: ("stall_id", id.into()),
-                    value: v,
-                    unix,
-                };
-                self.duration.observe_with_exemplar(&labels, v, e);
+                self.duration
+                    .observe_with_exemplar(&labels, v, stall_exemplar(id, at, v))
             }
         }
     }
@@ -286,12 +308,6 @@ impl ProbeMetrics {
         lock(&self.error_series).insert(labels.map(str::to_owned));
     }
 
-    pub(super) fn cycle_done(&self, target: &str, mode: Mode) {
-        self.cycles
-            .with_label_values(&[target, mode.as_str()])
-            .inc();
-    }
-
     pub(super) fn set_up(&self, target: &str, up: bool) {
         self.up.with_label_values(&[target]).set(up as i64);
     }
@@ -300,15 +316,6 @@ impl ProbeMetrics {
         self.read_only
             .with_label_values(&[target])
             .set(read_only as i64);
-    }
-
-    pub(super) fn succeeded_at(&self, target: &str, at: SystemTime) {
-        let unix = at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        self.last_success
-            .with_label_values(&[target])
-            .set(unix.as_secs_f64());
     }
 
     /// Replaces the `target_info` series of `t` on `old` by one on `new`.
@@ -364,5 +371,74 @@ impl ProbeMetrics {
     #[cfg(test)]
     pub(super) fn skipped_of(&self, target: &str, reason: SkipReason) -> u64 {
         self.skipped(target, reason).get()
+    }
+}
+
+/// The series of one lane, as `ProbeMetrics::lane_series` looked them up. A reload
+/// that removes the target removes the series from the families; a lane of a removed
+/// target writes nothing after its stop, so these never bring one back.
+pub(super) struct LaneSeries {
+    duration: Vec<(Op, HistogramSeries)>,
+    cycles: IntCounter,
+    lane_up: IntGauge,
+}
+
+impl LaneSeries {
+    /// Records a call's latency; `stall`: the id of the stall event it became and when
+    /// it returned, kept as the exemplar (label `stall_id`) of its buckets.
+    pub(super) fn observe(&self, op: Op, elapsed: Duration, stall: Option<(String, SystemTime)>) {
+        let Some((_, h)) = self.duration.iter().find(|(o, _)| *o == op) else {
+            return;
+        };
+        let v = elapsed.as_secs_f64();
+        match stall {
+            None => h.observe(v),
+            Some((id, at)) => h.observe_with_exemplar(v, stall_exemplar(id, at, v)),
+        }
+    }
+
+    pub(super) fn cycle_done(&self) {
+        self.cycles.inc();
+    }
+
+    pub(super) fn set_up(&self, up: bool) {
+        self.lane_up.set(up as i64);
+    }
+}
+
+/// The per-target series of every cycle, as `ProbeMetrics::target_series` looked them up.
+pub(super) struct TargetSeries {
+    up: IntGauge,
+    read_only: IntGauge,
+    last_success: Gauge,
+}
+
+impl TargetSeries {
+    pub(super) fn set_up(&self, up: bool) {
+        self.up.set(up as i64);
+    }
+
+    pub(super) fn set_read_only(&self, read_only: bool) {
+        self.read_only.set(read_only as i64);
+    }
+
+    pub(super) fn succeeded_at(&self, at: SystemTime) {
+        let unix = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.last_success.set(unix.as_secs_f64());
+    }
+}
+
+/// The exemplar of a call that became the stall event `id`, returned at `at`.
+fn stall_exemplar(id: String, at: SystemTime, v: f64) -> Exemplar {
+    let unix = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    Exemplar {
+        label: ("stall_id", id.into()),
+        value: v,
+        unix,
     }
 }

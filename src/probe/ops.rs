@@ -483,6 +483,9 @@ fn open_prealloc(
     )
 }
 
+/// The largest write buffer a lane keeps between cycles.
+const KEPT_BUFFER: usize = 64 << 10;
+
 /// Runs one mode's operations in `dir`.
 pub fn run_mode(
     mode: Mode,
@@ -514,12 +517,24 @@ pub fn run_mode(
         }
         Mode::Overwrite => {
             let fd = open_prealloc(&mut t, dir, OVERWRITE_FILE, spec.size, OFlags::empty())?;
-            let buf = vec![fill; spec.size as usize];
-            t.run(
-                Op::Write,
-                || format!("pwrite {} bytes to {OVERWRITE_FILE}", spec.size),
-                || write_all_at(&fd, &buf),
-            )?;
+            // The lane's own buffer, kept from cycle to cycle when small (the default
+            // 4 KiB): no allocation per cycle, and no lane holds a large one idle.
+            thread_local! {
+                static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            BUF.with_borrow_mut(|buf| {
+                buf.clear();
+                buf.resize(spec.size as usize, fill);
+                let r = t.run(
+                    Op::Write,
+                    || format!("pwrite {} bytes to {OVERWRITE_FILE}", spec.size),
+                    || write_all_at(&fd, buf),
+                );
+                if buf.capacity() > KEPT_BUFFER {
+                    *buf = Vec::new();
+                }
+                r
+            })?;
             // One flush per descriptor, never retried: a second fsync after a failure
             // would report success for pages the kernel already dropped.
             match spec.sync {

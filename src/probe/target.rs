@@ -12,7 +12,7 @@ use prometheus::IntCounter;
 use tracing::{info, warn};
 
 use super::devices::Devices;
-use super::metrics::{ProbeMetrics, SkipReason};
+use super::metrics::{ProbeMetrics, SkipReason, TargetSeries};
 use crate::base::labels::{ops_of, Mode, Op};
 use crate::base::sync::{lock, Shutdown};
 use crate::config::Target;
@@ -119,6 +119,8 @@ pub struct TargetShared {
     pub lanes: Vec<Lane>,
     pub(super) status: Mutex<Status>,
     pub(super) mount: Mutex<MountCheck>,
+    /// The per-target series every cycle writes, looked up once.
+    pub(super) series: TargetSeries,
     /// Stops this target's lanes: at shutdown, or when a reload removes or changes it.
     pub(super) stop: Shutdown,
 }
@@ -164,6 +166,7 @@ impl TargetShared {
             .flat_map(|&m| ops_of(m, target.sync).iter().map(move |&o| (m, o)))
             .collect();
         metrics.add_target(&target, &ops);
+        let series = metrics.target_series(&target.name);
         let start = Instant::now();
         let n = target.modes.len() as u32;
         let lanes = target
@@ -207,6 +210,7 @@ impl TargetShared {
                 found: None,
                 expected: None,
             }),
+            series,
             stop: Shutdown::default(),
             target,
         }
@@ -392,7 +396,7 @@ impl TargetShared {
 
     /// Folds the lanes' last outcomes into the target's state, `target_up`,
     /// `target_read_only` and the last success time, after a lane finished a cycle.
-    pub(super) fn settle(&self, ctx: &Context, mount_read_only: bool) {
+    pub(super) fn settle(&self, mount_read_only: bool) {
         let t = &self.target;
         let (mut all_ok, mut erofs, mut failing) = (true, false, Vec::new());
         for lane in &self.lanes {
@@ -404,15 +408,15 @@ impl TargetShared {
             }
         }
         let read_only = mount_read_only || erofs;
-        ctx.metrics.set_read_only(&t.name, read_only);
-        ctx.metrics.set_up(&t.name, all_ok);
+        self.series.set_read_only(read_only);
+        self.series.set_up(all_ok);
         let mut st = lock(&self.status);
         st.cycles += 1;
         let was_read_only = std::mem::replace(&mut st.read_only, read_only);
         if all_ok {
             let now = SystemTime::now();
             st.last_success = Some(now);
-            ctx.metrics.succeeded_at(&t.name, now);
+            self.series.succeeded_at(now);
         }
         drop(st);
         // Once per change, like the state: a read-only filesystem stays so for hours.
@@ -484,5 +488,14 @@ impl Context {
             mounts: Mutex::new(mounts::MountTable::new(&roots.proc_root)),
             roots,
         }
+    }
+
+    /// The generation of the mount table, read anew first if the mounts changed; None
+    /// when it cannot be read. A lane whose last check passed in this generation may
+    /// reuse that check's result (`Worker::cycle`).
+    pub(super) fn mount_generation(&self) -> Option<u64> {
+        let mut t = lock(&self.mounts);
+        t.current().ok()?;
+        Some(t.generation())
     }
 }

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{info, warn};
 
+use super::metrics::LaneSeries;
 use super::ops::{self, probe_dir_of, Observer, OpError};
 use super::target::{Context, Lane, Outcome, TargetShared};
 use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
+use crate::history::TargetHistory;
 use crate::stall::log::{FinishedCall, LaneKey};
 
 /// Reports each timed call to the in-flight slot, the histogram and the stall log.
@@ -19,6 +21,8 @@ struct Recorder<'a> {
     target: &'a TargetShared,
     lane: &'a Lane,
     ctx: &'a Context,
+    series: &'a LaneSeries,
+    history: Option<&'a TargetHistory>,
     seq: std::cell::Cell<u64>,
 }
 
@@ -59,12 +63,11 @@ impl Observer for Recorder<'_> {
             .flatten();
         if failure.is_none() && op != Op::Prepare {
             let now = SystemTime::now();
-            self.ctx
-                .metrics
-                .observe(&t.name, mode, op, elapsed, stall_id.map(|id| (id, now)));
-            self.ctx
-                .history
-                .record(self.target.index, mode, op, elapsed, now);
+            self.series
+                .observe(op, elapsed, stall_id.map(|id| (id, now)));
+            if let Some(h) = self.history {
+                h.record(mode, op, elapsed, now);
+            }
         }
     }
 }
@@ -79,6 +82,13 @@ pub struct Worker {
     /// The probe directory was opened once: finding it missing later is news.
     had_dir: bool,
     seq: u64,
+    /// The series this lane writes each cycle, looked up once.
+    series: LaneSeries,
+    /// The target's history, looked up once (lane 0 creates it, before the others).
+    history: Option<Arc<TargetHistory>>,
+    /// The last mount check that passed: the mount table's generation it was made in,
+    /// whether the mount is read-only, and the mount id the probe directory must be on.
+    mount_ok: Option<(u64, bool, Option<u64>)>,
 }
 
 impl Worker {
@@ -93,6 +103,9 @@ impl Worker {
                 target.target.interval,
             );
         }
+        let l = &target.lanes[lane];
+        let series = ctx.metrics.lane_series(&target.target.name, l.mode, l.ops);
+        let history = ctx.history.target(target.index);
         Worker {
             target,
             lane,
@@ -100,6 +113,9 @@ impl Worker {
             cleaned_leftovers: false,
             had_dir: false,
             seq: 0,
+            series,
+            history,
+            mount_ok: None,
         }
     }
 
@@ -133,20 +149,33 @@ impl Worker {
         let target = Arc::clone(&self.target);
         let lane = &target.lanes[self.lane];
         let (name, mode) = (target.target.name.as_str(), lane.mode);
-        let m = Arc::clone(&self.ctx.metrics);
-        let (mount, want_id) = match target.check_mount(&self.ctx.mounts) {
-            Ok(x) => x,
-            Err(reason) => {
-                m.skipped(name, reason).inc();
-                m.lane_skipped(name, mode, reason).inc();
-                m.set_lane_up(name, mode, false);
-                lock(&lane.state).outcome = Outcome::None;
-                m.set_up(name, false);
-                return;
-            }
+        // Borrowed, not cloned: one reference count shared by every lane, which all
+        // wake together, would move between the CPUs' caches at every cycle.
+        let m = &self.ctx.metrics;
+        // While the mount table is the one the last check passed in, the check would
+        // find the same mount again (its path, mount and expected filesystem are kept
+        // per generation): reuse its result rather than copy the mount out each cycle.
+        let generation = self.ctx.mount_generation();
+        let (mount_read_only, want_id) = match self.mount_ok {
+            Some((g, ro, id)) if Some(g) == generation => (ro, id),
+            _ => match target.check_mount(&self.ctx.mounts) {
+                Ok((mount, want_id)) => {
+                    target.update_mount_info(&self.ctx, &mount);
+                    let ro = mount.as_ref().is_some_and(|m| m.read_only());
+                    self.mount_ok = generation.map(|g| (g, ro, want_id));
+                    (ro, want_id)
+                }
+                Err(reason) => {
+                    self.mount_ok = None;
+                    m.skipped(name, reason).inc();
+                    m.lane_skipped(name, mode, reason).inc();
+                    self.series.set_up(false);
+                    lock(&lane.state).outcome = Outcome::None;
+                    m.set_up(name, false);
+                    return;
+                }
+            },
         };
-        target.update_mount_info(&self.ctx, &mount);
-        let mount_read_only = mount.as_ref().is_some_and(|m| m.read_only());
         self.seq += 1;
         let spec = ops::CycleSpec {
             size: target.target.size,
@@ -158,6 +187,8 @@ impl Worker {
             target: &target,
             lane,
             ctx: &self.ctx,
+            series: &self.series,
+            history: self.history.as_deref(),
             seq: std::cell::Cell::new(0),
         };
         let result = match self.open_dir(want_id, &rec) {
@@ -194,7 +225,7 @@ impl Worker {
             // Removed by a reload while this cycle ran: its series are gone.
             return;
         }
-        m.cycle_done(name, mode);
+        self.series.cycle_done();
         let outcome = match &result {
             Ok(()) => Outcome::Ok,
             Err(e) => {
@@ -203,7 +234,7 @@ impl Worker {
                 Outcome::Failed(format!("{} {}: {}", e.mode, e.op, e.failure))
             }
         };
-        m.set_lane_up(name, mode, outcome == Outcome::Ok);
+        self.series.set_up(outcome == Outcome::Ok);
         let erofs = matches!(&result, Err(e) if e.failure == Failure::Errno(Errno::ROFS));
         let changed = {
             let mut s = lock(&lane.state);
@@ -214,7 +245,7 @@ impl Worker {
         if let (Err(e), true) = (&result, changed) {
             warn!(target = %name, mode = %mode, errors = %e, "probe cycle failed");
         }
-        target.settle(&self.ctx, mount_read_only);
+        target.settle(mount_read_only);
     }
 
     /// Opens the probe directory, timed as op `prepare` so a blocked open shows in flight.
