@@ -56,13 +56,25 @@ local u = import '../lib/utils.libsonnet';
             },
           },
 
+          // The latency alerts read the classic buckets, or the native histogram where a
+          // Prometheus scraping protobuf with native histograms keeps only that (2.42-2.44,
+          // and later ones without scrape_classic_histograms).
+
           // p99 of fsync/fdatasync over the alert window.
           {
             alert: 'StallwatchFsyncLatencyHigh',
             expr: |||
-              histogram_quantile(0.99,
-                sum by (instance, job, target, mode, op, le) (
-                  rate(stallwatch_probe_duration_seconds_bucket%(flushSel)s[%(window)s])
+              (
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, mode, op, le) (
+                    rate(stallwatch_probe_duration_seconds_bucket%(flushSel)s[%(window)s])
+                  )
+                )
+                or
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, mode, op) (
+                    rate(stallwatch_probe_duration_seconds%(flushSel)s[%(window)s])
+                  )
                 )
               ) > %(t)g
             ||| % (f { t: c.fsyncP99Seconds }),
@@ -85,9 +97,17 @@ local u = import '../lib/utils.libsonnet';
           {
             alert: 'StallwatchCommitLatencyHigh',
             expr: |||
-              histogram_quantile(0.99,
-                sum by (instance, job, target, op, le) (
-                  rate(stallwatch_probe_duration_seconds_bucket%(commitSel)s[%(window)s])
+              (
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, op, le) (
+                    rate(stallwatch_probe_duration_seconds_bucket%(commitSel)s[%(window)s])
+                  )
+                )
+                or
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, op) (
+                    rate(stallwatch_probe_duration_seconds%(commitSel)s[%(window)s])
+                  )
                 )
               ) > %(t)g
             ||| % (f { t: c.commitP99Seconds }),
@@ -109,9 +129,17 @@ local u = import '../lib/utils.libsonnet';
           {
             alert: 'StallwatchCreateLatencyHigh',
             expr: |||
-              histogram_quantile(0.99,
-                sum by (instance, job, target, mode, op, le) (
-                  rate(stallwatch_probe_duration_seconds_bucket%(createSel)s[%(window)s])
+              (
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, mode, op, le) (
+                    rate(stallwatch_probe_duration_seconds_bucket%(createSel)s[%(window)s])
+                  )
+                )
+                or
+                histogram_quantile(0.99,
+                  sum by (instance, job, target, mode, op) (
+                    rate(stallwatch_probe_duration_seconds%(createSel)s[%(window)s])
+                  )
                 )
               ) > %(t)g
             ||| % (f { t: c.createP99Seconds }),

@@ -25,7 +25,8 @@ local u = import '../lib/utils.libsonnet';
         ] + [
           {
             record: 'instance_target_mode_op:stallwatch_probe_duration_seconds:p%d_%s' % [q * 100, c.recordingWindow],
-            expr: 'histogram_quantile(%g, instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%s)' % [q, c.recordingWindow],
+            // The native histogram where a Prometheus keeps only that (see the alerts).
+            expr: 'histogram_quantile(%g, instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%s) or histogram_quantile(%g, sum by (instance, job, target, mode, op) (rate(stallwatch_probe_duration_seconds%s[%s])))' % [q, c.recordingWindow, q, f.sel, c.recordingWindow],
           }
           for q in [0.5, 0.99]
         ] + [

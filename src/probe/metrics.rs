@@ -282,8 +282,7 @@ impl ProbeMetrics {
     /// Records a call's latency by its labels, with the stall exemplar as
     /// [`LaneSeries::observe`] does; the lanes hold their series instead of looking them
     /// up. For fixtures (`agent::fixture::scrape_registry`).
-    #[doc(hidden)]
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         target: &str,
         mode: Mode,

@@ -162,11 +162,20 @@ impl Worker {
                 Ok((mount, want_id)) => {
                     target.update_mount_info(&self.ctx, &mount);
                     let ro = mount.as_ref().is_some_and(|m| m.read_only());
-                    self.mount_ok = generation.map(|g| (g, ro, want_id));
+                    // A check that found no mount (a path that does not resolve yet,
+                    // allowed without require_mountpoint) is made again each cycle.
+                    self.mount_ok = generation
+                        .filter(|_| mount.is_some())
+                        .map(|g| (g, ro, want_id));
                     (ro, want_id)
                 }
                 Err(reason) => {
                     self.mount_ok = None;
+                    // Retired while the check was held (a hung filesystem): its series
+                    // are gone and must not come back.
+                    if target.stop.is_set() {
+                        return;
+                    }
                     m.skipped(name, reason).inc();
                     m.lane_skipped(name, mode, reason).inc();
                     self.series.set_up(false);

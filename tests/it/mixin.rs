@@ -477,6 +477,39 @@ fn native_histogram_latency_panels_have_data_from_a_real_agent() {
         }
     }
     assert!(asked >= 5, "{asked} latency queries");
+    // The shipped latency alerts (without their threshold) and the quantile recording
+    // rules read the native histogram where Prometheus keeps only that.
+    let alerts: yaml_serde::Value =
+        yaml_serde::from_str(&read(&repo().join("deploy/stallwatch.rules.yml"))).unwrap();
+    let mut rules: Vec<(String, String)> = alerts["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .filter(|r| {
+            r["alert"]
+                .as_str()
+                .is_some_and(|a| a.ends_with("LatencyHigh"))
+        })
+        .map(|r| {
+            let expr = r["expr"].as_str().unwrap().trim_end();
+            let (quantile, threshold) = expr.rsplit_once('>').unwrap();
+            assert!(threshold.trim().parse::<f64>().is_ok(), "{expr}");
+            (r["alert"].as_str().unwrap().to_owned(), quantile.to_owned())
+        })
+        .collect();
+    assert_eq!(rules.len(), 3, "{rules:?}");
+    rules.extend(
+        recording_rules()
+            .into_iter()
+            .filter(|(name, _)| name.contains("stallwatch_probe_duration_seconds:p")),
+    );
+    for (name, expr) in &rules {
+        match prom.query(expr) {
+            Ok(r) if !r.is_empty() => {}
+            other => empty.push(format!("rule {name}: {other:?}\n    {expr}")),
+        }
+    }
     assert!(
         empty.is_empty(),
         "native latency queries without data:\n  {}",

@@ -162,14 +162,16 @@ fn native_quantiles_are_within_ten_percent_of_the_kernels_own_timing() {
         .filter(|c| c.tid == lane && c.nr == NR_FSYNC)
         .map(|c| c.seconds())
         .collect();
-    // Each Prometheus against the first calls it counted, sorted.
+    // Each Prometheus against the first calls it counted, sorted. On its fresh
+    // filesystem the lane's first cycle preallocates its file with an fsync timed as
+    // `prepare`, which no histogram counts: the observed fsyncs are the ones after it.
     let first = |n: usize| {
         assert!(
-            lane_calls.len() >= n && n >= 200,
+            lane_calls.len() > n && n >= 200,
             "{} fsyncs traced on the lane, {n} counted at the last scrape",
             lane_calls.len(),
         );
-        let mut same = lane_calls[..n].to_vec();
+        let mut same = lane_calls[1..=n].to_vec();
         same.sort_by(f64::total_cmp);
         same
     };
