@@ -9,14 +9,14 @@
 //!   probes time with `CLOCK_MONOTONIC` in whole nanoseconds, so every call that took
 //!   any time at all (≥ 1 ns) gets an exponential bucket of its own; only a zero reading
 //!   (a clock that did not advance) lands in the zero bucket. 2^-30 is also a bucket
-//!   bound at every schema, so the zero bucket never overlaps a regular one.
+//!   bound at every schema down to −1, so there the zero bucket overlaps no regular one.
 //! - **At most [`MAX_BUCKETS`] populated buckets** per series. When an observation would
 //!   populate one more, the resolution is halved (schema − 1, each pair of buckets
 //!   merged into one), as client_golang does when no reset interval is configured; the
 //!   series keeps the lower schema until the agent restarts. Never below schema −4.
 //!   Probe latencies from 10 µs to 300 s span 25 doublings: 200 buckets at schema 3 if
 //!   every one of them were populated, so a lane that sees the whole range over its
-//!   life ends at schema 2 (factor 1.19); a healthy disk populates 20–60.
+//!   life ends at schema 2 (factor 1.19); a healthy disk populates 20–80.
 
 /// Values at or below this many seconds are counted in the zero bucket.
 pub const ZERO_THRESHOLD: f64 = 1.0 / (1u64 << 30) as f64;
