@@ -472,6 +472,8 @@ fn rules_have_summary_description_and_tests() {
 
 /// Every metric name the agent exports (SPEC's table plus the documented extras).
 const KNOWN_METRICS: &[&str] = &[
+    // The native histogram, as a Prometheus scraping protobuf names it (docs/metrics.md).
+    "stallwatch_probe_duration_seconds",
     "stallwatch_probe_duration_seconds_bucket",
     "stallwatch_probe_duration_seconds_sum",
     "stallwatch_probe_duration_seconds_count",
