@@ -6,13 +6,12 @@
 //! and one without the flag ingests the OpenMetrics text.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::support::agent::Agent;
+use crate::support::cmd::check_metrics;
 use crate::support::loopfs::LoopFs;
 use crate::support::machine;
 use crate::support::metrics::Metrics;
@@ -275,30 +274,6 @@ fn scrape_as(agent: &Agent, accept: &str) -> (String, Vec<u8>) {
     (r.header("content-type").unwrap_or("").to_string(), r.body)
 }
 
-fn promtool_check_metrics(text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool is installed by scripts/test (Debian package prometheus)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "promtool failed: {said}");
-    assert!(said.trim().is_empty(), "promtool warned: {said}");
-}
-
 /// Checks a decoded probe histogram: schema 3, the zero threshold below a nanosecond,
 /// native counts adding up to the classic `_count`, and every classic cumulative count
 /// between the native buckets wholly below its bound and those starting below it.
@@ -404,7 +379,7 @@ fn each_format_when_asked_for() {
         );
         assert_eq!(buckets, 24, "23 bounds and +Inf");
         assert!(!t.contains("# EOF") && !t.contains(" # {"));
-        promtool_check_metrics(&t);
+        check_metrics(&t);
     }
 
     // OpenMetrics: its own content type, counters declared without _total, # EOF.

@@ -68,3 +68,29 @@ pub fn run_cmd(prog: &str, args: &[&str]) -> Result<String, String> {
 pub fn run(prog: &str, args: &[&str]) -> String {
     run_cmd(prog, args).unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// `promtool check metrics` on an exposition: it must pass without a warning.
+pub fn check_metrics(text: &str) {
+    use std::io::Write as _;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed by scripts/test (Debian package prometheus)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool failed: {said}");
+    assert!(said.trim().is_empty(), "promtool warned: {said}");
+}
