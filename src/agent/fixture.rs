@@ -32,18 +32,7 @@ pub fn full_hour_of(targets: usize, rss_bytes: impl Fn() -> u64) -> (App, u64, V
     let stalls = Arc::new(StallLog::new(256, &registry, Arc::default()));
     let mut shared = Vec::new();
     for i in 0..targets {
-        let t = Target {
-            name: format!("target{i}"),
-            path: format!("/srv/disk{i}").into(),
-            interval: Duration::from_secs(1),
-            modes: vec![Mode::Create, Mode::Overwrite],
-            size: 4096,
-            sync: SyncKind::Fsync,
-            require_mountpoint: true,
-            stall_threshold: Duration::from_secs(1),
-            rotate_size: 64 << 20,
-        };
-        let ts = TargetShared::new(i, t, i * 2, &metrics);
+        let ts = TargetShared::new(i, default_target(i), i * 2, &metrics);
         history.add_target(i, &ts.target.name, &ts.ops, ts.target.interval);
         shared.push(Arc::new(ts));
     }
@@ -128,18 +117,7 @@ pub fn scrape_registry(targets: usize, per_series: usize) -> (Registry, u64) {
     let stalls = StallLog::new(256, &registry, Arc::default());
     let mut shared = Vec::new();
     for i in 0..targets {
-        let t = Target {
-            name: format!("target{i}"),
-            path: format!("/srv/disk{i}").into(),
-            interval: Duration::from_secs(1),
-            modes: vec![Mode::Create, Mode::Overwrite],
-            size: 4096,
-            sync: SyncKind::Fsync,
-            require_mountpoint: true,
-            stall_threshold: Duration::from_secs(1),
-            rotate_size: 64 << 20,
-        };
-        let ts = TargetShared::new(i, t, i * 2, &metrics);
+        let ts = TargetShared::new(i, default_target(i), i * 2, &metrics);
         stalls.add_target(&ts.target.name, &ts.ops);
         shared.push(Arc::new(ts));
     }
@@ -162,4 +140,19 @@ pub fn scrape_registry(targets: usize, per_series: usize) -> (Registry, u64) {
     }
     let took = t0.elapsed().as_nanos() as u64;
     (registry, took)
+}
+
+/// Target `i` of the fixtures: `target{i}` with the default modes at 1 s.
+fn default_target(i: usize) -> Target {
+    Target {
+        name: format!("target{i}"),
+        path: format!("/srv/disk{i}").into(),
+        interval: Duration::from_secs(1),
+        modes: vec![Mode::Create, Mode::Overwrite],
+        size: 4096,
+        sync: SyncKind::Fsync,
+        require_mountpoint: true,
+        stall_threshold: Duration::from_secs(1),
+        rotate_size: 64 << 20,
+    }
 }
