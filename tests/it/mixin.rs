@@ -5,7 +5,9 @@
 //! are jsonnetfmt-formatted. The dashboards' native-histogram variant (`nativeHistograms:
 //! true`, built here, not shipped) differs only in its latency queries, which read no
 //! `_bucket` and no `le`, a real Prometheus with native histograms enabled accepts
-//! every one of its queries, and the host dashboard's return data from a real agent.
+//! every one of its queries, and the host dashboard's return data from a real agent;
+//! so do the shipped host dashboard's latency queries (`classic or native`) but its
+//! heatmap's, on that Prometheus, which keeps no classic buckets.
 //!
 //! Needs: jsonnet, promtool, prometheus. A missing tool fails the test with the install
 //! command.

@@ -1,7 +1,9 @@
 //! A real Prometheus for tests: Debian's `prometheus` binary on 127.0.0.1 (a port the test
-//! picked), scraping the given targets with the given rule files, stopped by its pid on
-//! drop; instant queries over its HTTP API; and the PromQL expressions of a Grafana
-//! dashboard. Used by the deploy and the fleet tests. [`Engine`] is what the fleet checks
+//! picked), started by [`Prometheus::builder`] (targets, rule files, interval,
+//! Alertmanagers, extra flags) through [`spawn_logged`], which VictoriaMetrics and vmalert
+//! use too, stopped by its pid on drop; instant queries over its HTTP API; and the PromQL
+//! expressions of a Grafana dashboard. Used by the deploy, alerting, exposition,
+//! precision, mixin and fleet tests. [`Engine`] is what the fleet checks
 //! need of a Prometheus-compatible engine, so the same checks run against Prometheus and
 //! against VictoriaMetrics with vmalert ([`super::vm`]).
 
