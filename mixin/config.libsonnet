@@ -49,11 +49,13 @@
 
     // Dashboards.
     // false: the latency panels read the classic buckets (stallwatch_probe_duration_seconds_bucket,
-    // the `le` label), as every engine that scrapes the text format stores them
-    // (Prometheus, VictoriaMetrics). true: they read the native histogram
-    // (histogram_quantile over rate(stallwatch_probe_duration_seconds[...]), no `le`), for a
-    // Prometheus that scrapes the protobuf format with native histograms enabled. The
-    // recording rules and alerts read the classic buckets either way.
+    // the `le` label) or, where an engine has none (a Prometheus 2.42 scraping protobuf with
+    // native histograms keeps only the native histogram), the native histogram: `classic
+    // or native`, so they work on Prometheus, on such a Prometheus and on VictoriaMetrics;
+    // only the two heatmaps read the classic buckets alone. true: every latency panel
+    // (the heatmaps too) reads only the native histogram (histogram_quantile over
+    // rate(stallwatch_probe_duration_seconds[...]), no `le`). The recording rules and
+    // alerts are the same either way (classic or native).
     nativeHistograms: false,
     dashboardTags: ['stallwatch', 'storage', 'raid'],
     hostDashboardUid: 'stallwatch',

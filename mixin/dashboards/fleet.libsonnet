@@ -11,6 +11,9 @@ local u = import '../lib/utils.libsonnet';
       local f = { job: 'job=~"$job"', n: c.fleetTopN, w: c.recordingWindow };
       // With nativeHistograms, the latency panels read the native histogram itself over
       // the recording rules' window; the bucket recording rules need the classic buckets.
+      // By default they read the recording rules, which work on every engine (the p99
+      // rule falls back to the native histogram), the bucket rule or, where an engine has
+      // no buckets, the p99 rule; only the heatmap needs the classic buckets.
       local native = c.nativeHistograms;
       local fsyncSel = '%(job)s,op=~"fsync|fdatasync"' % f;
       // Click a host in a top list: the per-host dashboard for it.
@@ -56,7 +59,7 @@ local u = import '../lib/utils.libsonnet';
                           'Op',
                           'Timed system call shown in the fleet latency heatmap.',
                           if native then 'stallwatch_probe_duration_seconds{%(job)s}, op' % f
-                          else 'instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s}, op' % f,
+                          else 'instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s{%(job)s}, op' % f,
                           current='fsync'),
         ] },
         panels: [
@@ -133,7 +136,7 @@ local u = import '../lib/utils.libsonnet';
                        [g.target('kernel_release:stallwatch_stalls:rate%(w)s{%(job)s} / on (job, kernel_release) count by (job, kernel_release) (stallwatch_host_info{%(job)s})' % f, '{{kernel_release}}')]),
           g.timeseries(13,
                        'fsync p99 by kernel release',
-                       'p99 of fsync/fdatasync over %(w)s across all hosts of each kernel release, from the summed histogram buckets (instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s joined with stallwatch_host_info).' % f,
+                       'p99 of fsync/fdatasync over %(w)s across all hosts of each kernel release, from the summed histogram buckets (instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s joined with stallwatch_host_info). Where the engine keeps no buckets (a Prometheus with native histograms only): the p99 of the slowest target of each release (instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s).' % f,
                        's',
                        { h: 8, w: 12, x: 12, y: 22 },
                        [g.target(if native then |||
@@ -146,6 +149,11 @@ local u = import '../lib/utils.libsonnet';
                            instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s{%(job)s,op=~"fsync|fdatasync"}
                            * on (instance, job) group_left (kernel_release) stallwatch_host_info{%(job)s}
                          ))
+                         or
+                         max by (kernel_release) (
+                           instance_target_mode_op:stallwatch_probe_duration_seconds:p99_%(w)s{%(job)s,op=~"fsync|fdatasync"}
+                           * on (instance, job) group_left (kernel_release) stallwatch_host_info{%(job)s}
+                         )
                        ||| % f, '{{kernel_release}}')]),
           g.timeseries(14,
                        'Stall rate by filesystem type',
@@ -165,7 +173,8 @@ local u = import '../lib/utils.libsonnet';
           g.panel('heatmap',
                   17,
                   'Fleet $op latency',
-                  "Distribution of the $op call's duration over every host and target: each cell is the calls per second in one histogram bucket over %(w)s (sum by le of instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s). A band far above the main one is the fleet's stall population; the top lists say which hosts it comes from." % f,
+                  "Distribution of the $op call's duration over every host and target: each cell is the calls per second in one histogram bucket over %(w)s (sum by le of instance_target_mode_op:stallwatch_probe_duration_seconds_bucket:rate%(w)s). A band far above the main one is the fleet's stall population; the top lists say which hosts it comes from." % f
+                  + (if native then '' else ' Empty on a Prometheus that keeps only native histograms: build the dashboards with nativeHistograms: true there (docs/fleet.md).'),
                   's',
                   { h: 9, w: 24, x: 0, y: 39 },
                   [g.target(

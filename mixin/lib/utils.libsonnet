@@ -23,23 +23,33 @@
     local unit = { s: 'second', m: 'minute', h: 'hour', d: 'day' }[d[std.length(d) - 1]];
     '%d %s%s' % [n, unit, if n == 1 then '' else 's'],
 
-  // The probe latency histogram (stallwatch_probe_duration_seconds) in the dashboards,
-  // as classic buckets (`_bucket`, summed by `le`) or, with `native`, as one native
-  // histogram series (_config.nativeHistograms). `sel` is the inside of the selector's
-  // braces, `by` the labels kept besides `le`.
+  // The probe latency histogram (stallwatch_probe_duration_seconds) in the dashboards.
+  // Default (`native` false): the classic buckets (`_bucket`, summed by `le`) or, where an
+  // engine has none (a Prometheus 2.42 scraping protobuf with native histograms keeps only
+  // the native histogram), the native histogram: `classic or native`, as the latency
+  // alerts and the quantile recording rules do. Both sides carry the labels `by`, so `or`
+  // keeps the classic result wherever there is one. With `native`
+  // (_config.nativeHistograms): the native histogram only. `sel` is the inside of the
+  // selector's braces, `by` the labels kept besides `le`.
   probeQuantile(native, q, by, sel, window)::
-    if native then
-      'histogram_quantile(%g, sum by (%s) (rate(stallwatch_probe_duration_seconds{%s}[%s])))' % [q, by, sel, window]
-    else
-      'histogram_quantile(%g, sum by (%s, le) (rate(stallwatch_probe_duration_seconds_bucket{%s}[%s])))' % [q, by, sel, window],
+    local nat = 'histogram_quantile(%g, sum by (%s) (rate(stallwatch_probe_duration_seconds{%s}[%s])))' % [q, by, sel, window];
+    if native then nat
+    else 'histogram_quantile(%g, sum by (%s, le) (rate(stallwatch_probe_duration_seconds_bucket{%s}[%s]))) or %s' % [q, by, sel, window, nat],
 
   // A heatmap's query over the probe histogram: per bucket (`le`), or the native histogram.
+  // The one place the switch still matters in the default build: Grafana's heatmap
+  // (`format: heatmap`) turns `le` series into cells, a native histogram is another data
+  // shape, so one query cannot serve both (docs/fleet.md).
   probeHeatmap(native, fn, sel, window)::
     if native then
       'sum(%s(stallwatch_probe_duration_seconds{%s}[%s]))' % [fn, sel, window]
     else
       'sum by (le) (%s(stallwatch_probe_duration_seconds_bucket{%s}[%s]))' % [fn, sel, window],
 
-  // The probe histogram's series, for label_values() of the dashboards' variables.
-  probeSeries(native):: if native then 'stallwatch_probe_duration_seconds' else 'stallwatch_probe_duration_seconds_bucket',
+  // The probe histogram's series with the matchers `sel`, for label_values() of the
+  // dashboards' variables: the native histogram's, or by default the classic buckets' or
+  // the native histogram's, whichever the engine has.
+  probeSeries(native, sel)::
+    if native then 'stallwatch_probe_duration_seconds{%s}' % sel
+    else '{__name__=~"stallwatch_probe_duration_seconds_bucket|stallwatch_probe_duration_seconds",%s}' % sel,
 }

@@ -237,17 +237,15 @@ fn a_freeze_alerts_the_webhook_with_target_op_cause_and_working_links() {
     let agent = Agent::start(&yaml);
     assert!(agent.wait_up(TARGET), "{}", agent.log_tail(30));
 
-    let prom = Prometheus::start_alerting(
-        tmp.path(),
-        "stallwatch",
-        &[agent.addr().to_string()],
-        &[
+    let prom = Prometheus::builder(tmp.path(), "stallwatch")
+        .targets(&[agent.addr().to_string()])
+        .rules(&[
             repo().join("deploy/stallwatch.rules.yml"),
             repo().join("deploy/stallwatch.recording.rules.yml"),
-        ],
-        "1s",
-        &[am.addr().to_string()],
-    );
+        ])
+        .interval("1s")
+        .alertmanagers(&[am.addr().to_string()])
+        .start();
     let diagnostics = |webhook: &Webhook| {
         format!(
             "--- webhook\n{:#?}\n--- prometheus log\n{}\n--- alertmanager log\n{}\n--- agent log\n{}",

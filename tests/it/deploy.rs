@@ -948,13 +948,11 @@ fn dashboard_and_rules_against_real_prometheus() {
     .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
     assert_eq!(metrics.status, 200, "/metrics: {}", metrics.text());
 
-    let prom = Prometheus::start(
-        tmp.path(),
-        "stallwatch",
-        std::slice::from_ref(&agent_addr),
-        &[repo_file("deploy/stallwatch.rules.yml")],
-        "1s",
-    );
+    let prom = Prometheus::builder(tmp.path(), "stallwatch")
+        .targets(std::slice::from_ref(&agent_addr))
+        .rules(&[repo_file("deploy/stallwatch.rules.yml")])
+        .interval("1s")
+        .start();
     let diagnostics = || {
         format!(
             "--- prometheus log\n{}\n--- stallwatch log\n{}",

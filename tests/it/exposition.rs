@@ -427,20 +427,13 @@ fn a_real_prometheus_ingests_native_histograms() {
     for sub in ["native", "classic"] {
         std::fs::create_dir(pdir.path().join(sub)).unwrap();
     }
-    let native = Prometheus::start_with_flags(
-        &pdir.path().join("native"),
-        "stallwatch",
-        &[agent.addr().to_string()],
-        "1s",
-        &["--enable-feature=native-histograms,exemplar-storage"],
-    );
-    let classic = Prometheus::start_with_flags(
-        &pdir.path().join("classic"),
-        "stallwatch",
-        &[agent.addr().to_string()],
-        "1s",
-        &[],
-    );
+    let native = Prometheus::builder(&pdir.path().join("native"), "stallwatch")
+        .targets(&[agent.addr().to_string()])
+        .flag("--enable-feature=native-histograms,exemplar-storage")
+        .start();
+    let classic = Prometheus::builder(&pdir.path().join("classic"), "stallwatch")
+        .targets(&[agent.addr().to_string()])
+        .start();
     let q = format!("histogram_count(rate({DURATION}{{target=\"tmp\",op=\"create\"}}[1m]))");
     let ingested = wait_until(Duration::from_secs(40), Duration::from_millis(500), || {
         native.scalar(&q) > 0.0 && classic.scalar("up") == 1.0
@@ -508,7 +501,10 @@ fn a_stall_exemplar_leads_to_the_stall() {
     .map(|(sub, flag)| {
         let d = pdir.path().join(sub);
         std::fs::create_dir(&d).unwrap();
-        Prometheus::start_with_flags(&d, "stallwatch", &[agent.addr().to_string()], "1s", &[flag])
+        Prometheus::builder(&d, "stallwatch")
+            .targets(&[agent.addr().to_string()])
+            .flag(flag)
+            .start()
     })
     .collect();
     fs.freeze();

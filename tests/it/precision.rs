@@ -98,22 +98,15 @@ fn native_quantiles_are_within_ten_percent_of_the_kernels_own_timing() {
     let tmp = tempfile::tempdir().unwrap();
     let classic_dir = tmp.path().join("classic");
     std::fs::create_dir(&classic_dir).unwrap();
-    let classic = Prometheus::start(
-        &classic_dir,
-        "stallwatch",
-        &[agent.addr().to_owned()],
-        &[],
-        "1s",
-    );
+    let classic = Prometheus::builder(&classic_dir, "stallwatch")
+        .targets(&[agent.addr().to_owned()])
+        .start();
     let native_dir = tmp.path().join("native");
     std::fs::create_dir(&native_dir).unwrap();
-    let native = Prometheus::start_with_flags(
-        &native_dir,
-        "stallwatch",
-        &[agent.addr().to_owned()],
-        "1s",
-        &["--enable-feature=native-histograms"],
-    );
+    let native = Prometheus::builder(&native_dir, "stallwatch")
+        .targets(&[agent.addr().to_owned()])
+        .flag("--enable-feature=native-histograms")
+        .start();
     for p in [&classic, &native] {
         assert!(
             wait_until(Duration::from_secs(20), Duration::from_millis(200), || p

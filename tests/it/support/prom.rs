@@ -1,7 +1,9 @@
 //! A real Prometheus for tests: Debian's `prometheus` binary on 127.0.0.1 (a port the test
-//! picked), scraping the given targets with the given rule files, stopped by its pid on
-//! drop; instant queries over its HTTP API; and the PromQL expressions of a Grafana
-//! dashboard. Used by the deploy and the fleet tests. [`Engine`] is what the fleet checks
+//! picked), started by [`Prometheus::builder`] (targets, rule files, interval,
+//! Alertmanagers, extra flags) through [`spawn_logged`], which VictoriaMetrics and vmalert
+//! use too, stopped by its pid on drop; instant queries over its HTTP API; and the PromQL
+//! expressions of a Grafana dashboard. Used by the deploy, alerting, exposition,
+//! precision, mixin and fleet tests. [`Engine`] is what the fleet checks
 //! need of a Prometheus-compatible engine, so the same checks run against Prometheus and
 //! against VictoriaMetrics with vmalert ([`super::vm`]).
 
@@ -23,8 +25,6 @@ pub struct Prometheus {
 /// A Prometheus-compatible engine that scrapes agents and evaluates the shipped rules:
 /// instant queries over `/api/v1/query`, the loaded rules over `/api/v1/rules`.
 pub trait Engine {
-    /// For messages: "Prometheus", "VictoriaMetrics".
-    fn name(&self) -> &'static str;
     /// Ready to answer queries.
     fn ready(&self) -> bool;
     /// Instant query: the result vector (a scalar as one element), or the API's error.
@@ -190,71 +190,91 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-impl Prometheus {
-    /// Starts Prometheus in `dir` (config, TSDB and log there): one job `job` scraping
-    /// `targets` every `interval`, rules evaluated as often, `rule_files` loaded.
-    pub fn start(
-        dir: &Path,
-        job: &str,
-        targets: &[String],
-        rule_files: &[PathBuf],
-        interval: &str,
-    ) -> Prometheus {
-        Prometheus::start_alerting(dir, job, targets, rule_files, interval, &[])
+/// Starts a server the test runs: `bin` with `args` in `dir`, stdout and stderr into
+/// `log` (created anew), stdin closed. Prometheus and VictoriaMetrics/vmalert start
+/// through here; the caller stops the child by its pid ([`stop_child`]).
+pub(crate) fn spawn_logged(bin: &Path, args: &[String], log: &Path, dir: &Path) -> Child {
+    let out =
+        std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+    Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .current_dir(dir)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()))
+}
+
+/// How to start a [`Prometheus`]: [`Prometheus::builder`], then the options, then
+/// [`PrometheusBuilder::start`]. Defaults: no targets, no rules, a scrape and an
+/// evaluation every second, no Alertmanager, no extra flags.
+pub struct PrometheusBuilder {
+    dir: PathBuf,
+    job: String,
+    targets: Vec<String>,
+    rule_files: Vec<PathBuf>,
+    interval: String,
+    alertmanagers: Vec<String>,
+    flags: Vec<String>,
+}
+
+impl PrometheusBuilder {
+    /// The scrape job's targets (host:port).
+    pub fn targets(mut self, targets: &[String]) -> Self {
+        self.targets = targets.to_vec();
+        self
     }
 
-    /// [`Prometheus::start`], sending its alerts to the Alertmanagers at `alertmanagers`
-    /// (host:port).
-    pub fn start_alerting(
-        dir: &Path,
-        job: &str,
-        targets: &[String],
-        rule_files: &[PathBuf],
-        interval: &str,
-        alertmanagers: &[String],
-    ) -> Prometheus {
-        Prometheus::start_with(dir, job, targets, rule_files, interval, alertmanagers, &[])
+    /// Rule files to load.
+    pub fn rules(mut self, rule_files: &[PathBuf]) -> Self {
+        self.rule_files = rule_files.to_vec();
+        self
     }
 
-    /// [`Prometheus::start`] without rules, with extra command-line `flags` (e.g.
-    /// `--enable-feature=native-histograms`).
-    pub fn start_with_flags(
-        dir: &Path,
-        job: &str,
-        targets: &[String],
-        interval: &str,
-        flags: &[&str],
-    ) -> Prometheus {
-        Prometheus::start_with(dir, job, targets, &[], interval, &[], flags)
+    /// The scrape and evaluation interval (and scrape timeout), e.g. "1s".
+    pub fn interval(mut self, interval: &str) -> Self {
+        self.interval = interval.to_string();
+        self
     }
 
-    /// [`Prometheus::start_alerting`] with extra command-line `flags`, e.g.
-    /// `--enable-feature=native-histograms`.
-    pub fn start_with(
-        dir: &Path,
-        job: &str,
-        targets: &[String],
-        rule_files: &[PathBuf],
-        interval: &str,
-        alertmanagers: &[String],
-        flags: &[&str],
-    ) -> Prometheus {
+    /// Send alerts to the Alertmanagers at these addresses (host:port).
+    pub fn alertmanagers(mut self, alertmanagers: &[String]) -> Self {
+        self.alertmanagers = alertmanagers.to_vec();
+        self
+    }
+
+    /// An extra command-line flag, e.g. `--enable-feature=native-histograms`.
+    pub fn flag(mut self, flag: &str) -> Self {
+        self.flags.push(flag.to_string());
+        self
+    }
+
+    /// Writes the configuration into the directory and starts Prometheus there (TSDB and
+    /// log there too), listening on a free port of 127.0.0.1.
+    pub fn start(self) -> Prometheus {
         let bin = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
             .map(|d| d.join("prometheus"))
             .find(|p| p.is_file())
             .expect("`prometheus` not found: apt-get install prometheus");
-        let rules: String = rule_files
+        let (dir, interval, job) = (&self.dir, &self.interval, &self.job);
+        let rules: String = self
+            .rule_files
             .iter()
             .map(|r| format!("  - {}\n", r.display()))
             .collect();
-        let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-        let alerting = if alertmanagers.is_empty() {
+        let quoted = |v: &[String]| -> String {
+            v.iter()
+                .map(|t| format!("\"{t}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let alerting = if self.alertmanagers.is_empty() {
             String::new()
         } else {
-            let ams: Vec<String> = alertmanagers.iter().map(|a| format!("\"{a}\"")).collect();
             format!(
                 "alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: [{}]\n",
-                ams.join(", ")
+                quoted(&self.alertmanagers)
             )
         };
         let config = dir.join("prometheus.yml");
@@ -264,34 +284,41 @@ impl Prometheus {
                 "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\n\
                  rule_files:\n{rules}{alerting}\
                  scrape_configs:\n  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
-                targets.join(", ")
+                quoted(&self.targets)
             ),
         )
         .unwrap();
         let addr = format!("127.0.0.1:{}", free_port());
         let log = dir.join("prometheus.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn")
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .current_dir(dir)
-            .spawn()
-            .expect("start prometheus");
-        let http = api_client();
+        let mut args = vec![
+            format!("--config.file={}", config.display()),
+            format!("--storage.tsdb.path={}", dir.join("tsdb").display()),
+            format!("--web.listen-address={addr}"),
+            "--log.level=warn".to_string(),
+        ];
+        args.extend(self.flags.iter().cloned());
+        let child = spawn_logged(&bin, &args, &log, dir);
         Prometheus {
             child,
             addr,
             log,
-            http,
+            http: api_client(),
+        }
+    }
+}
+
+impl Prometheus {
+    /// A Prometheus in `dir` (config, TSDB and log there) with one scrape job `job`; see
+    /// [`PrometheusBuilder`] for the rest.
+    pub fn builder(dir: &Path, job: &str) -> PrometheusBuilder {
+        PrometheusBuilder {
+            dir: dir.to_path_buf(),
+            job: job.to_string(),
+            targets: Vec::new(),
+            rule_files: Vec::new(),
+            interval: "1s".to_string(),
+            alertmanagers: Vec::new(),
+            flags: Vec::new(),
         }
     }
 
@@ -326,9 +353,6 @@ impl Prometheus {
 }
 
 impl Engine for Prometheus {
-    fn name(&self) -> &'static str {
-        "Prometheus"
-    }
     fn ready(&self) -> bool {
         Prometheus::ready(self)
     }

@@ -11,14 +11,15 @@
 //! alerts still reach `ALERTS` through the remote write).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::SystemTime;
 
 use serde_json::Value;
 
 use super::cmd::tool;
 use super::prom::{
-    api_client, api_get, api_query, api_query_range, api_rules, free_port, stop_child, Engine,
+    api_client, api_get, api_query, api_query_range, api_rules, free_port, spawn_logged,
+    stop_child, Engine,
 };
 
 /// VictoriaMetrics and its vmalert; both SIGTERMed (then SIGKILLed) on drop, vmalert first.
@@ -29,18 +30,6 @@ pub struct VictoriaMetrics {
     vmalert_addr: String,
     dir: PathBuf,
     http: ureq::Agent,
-}
-
-fn spawn(bin: &Path, args: &[String], log: &Path, dir: &Path) -> Child {
-    let out = std::fs::File::create(log).unwrap();
-    Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .current_dir(dir)
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()))
 }
 
 impl VictoriaMetrics {
@@ -67,7 +56,7 @@ impl VictoriaMetrics {
         )
         .unwrap();
         let vm_addr = format!("127.0.0.1:{}", free_port());
-        let vm = spawn(
+        let vm = spawn_logged(
             &vm_bin,
             &[
                 format!("-promscrape.config={}", config.display()),
@@ -98,7 +87,7 @@ impl VictoriaMetrics {
             format!("-evaluationInterval={interval}"),
             "-loggerLevel=WARN".into(),
         ]);
-        let vmalert = spawn(&vmalert_bin, &args, &dir.join("vmalert.log"), dir);
+        let vmalert = spawn_logged(&vmalert_bin, &args, &dir.join("vmalert.log"), dir);
         VictoriaMetrics {
             vmalert,
             vm,
@@ -122,10 +111,6 @@ fn tail(path: &Path, n: usize) -> String {
 }
 
 impl Engine for VictoriaMetrics {
-    fn name(&self) -> &'static str {
-        "VictoriaMetrics"
-    }
-
     fn ready(&self) -> bool {
         [&self.vm_addr, &self.vmalert_addr]
             .iter()
