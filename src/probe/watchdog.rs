@@ -66,7 +66,9 @@ pub fn run(
                 };
                 let sample_at = waits::sampling_point(threshold);
                 if op.age >= sample_at {
-                    let next = lane.waits.sample_if_due(&reader, op.seq, Instant::now());
+                    let next =
+                        lane.waits
+                            .sample_if_due(&reader, op.seq, op.started, Instant::now());
                     wake = wake.min(next);
                 }
                 if op.age >= threshold {

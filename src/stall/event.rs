@@ -14,7 +14,7 @@ use crate::kernel::snapshot::Snapshot;
 use crate::stall::evidence::{self, Evidence, Scope};
 use crate::stall::inflight::InFlightOp;
 use crate::stall::verdict::{self, Facts};
-use crate::stall::waits::{SymbolCount, WaitSamples};
+use crate::stall::waits::{second_wait, SymbolCount, WaitSamples, WaitTime};
 
 /// The kernel's state over a stall's window. Field names are contract (SPEC).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -136,6 +136,11 @@ pub struct StallEvent {
     pub also_blocked: Vec<BlockedLane>,
     /// The kernel wait points sampled while the call was blocked, most frequent first.
     pub wchan: Vec<SymbolCount>,
+    /// The wait points with the time the call was held at each, longest first: the
+    /// cause is the one held longest (`waits.rs`). Absent in records of agents before
+    /// 0.3.
+    #[serde(default)]
+    pub waits: Vec<WaitTime>,
     /// The kernel stack at the deciding wait point, innermost frame first; null when
     /// `/proc/self/task/TID/stack` is not readable (without CAP_SYS_ADMIN).
     pub stack: Option<Vec<String>>,
@@ -211,6 +216,7 @@ pub(super) fn set_waits(ev: &mut StallEvent, waits: Option<&WaitSamples>) {
         return;
     };
     ev.wchan = w.wchan();
+    ev.waits = w.waits();
     ev.stack = w.stack().map(<[String]>::to_vec);
     ev.cause = w.cause();
     ev.symbol = w.symbol().map(str::to_owned);
@@ -227,6 +233,7 @@ pub(super) fn set_verdict(ev: &mut StallEvent) {
         ongoing: ev.ongoing,
         cause: Some(ev.cause),
         symbol: ev.symbol.as_deref(),
+        second: second_wait(&ev.waits, ev.cause),
         dirty_bytes_max: ev.vm.dirty_bytes_max,
         writeback_bytes_max: ev.vm.writeback_bytes_max,
         dirty_threshold_bytes: ev.vm.dirty_threshold_bytes,

@@ -481,6 +481,7 @@ impl StallLog {
             }),
             also_blocked: Vec::new(),
             wchan: Vec::new(),
+            waits: Vec::new(),
             stack: None,
             cause: Cause::Unknown,
             counted_cause: Cause::Unknown,
@@ -724,10 +725,13 @@ mod tests {
     fn sampled(symbols: &[&str]) -> WaitSamples {
         let mut w = WaitSamples::default();
         for s in symbols {
-            w.add(&crate::stall::waits::Sample {
-                wchan: Some(s.to_string()),
-                stack: None,
-            });
+            w.add(
+                &crate::stall::waits::Sample {
+                    wchan: Some(s.to_string()),
+                    stack: None,
+                },
+                crate::stall::waits::SAMPLE_PERIOD,
+            );
         }
         w
     }

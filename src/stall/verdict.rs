@@ -2,7 +2,9 @@
 //! evidence in its event. A pure function over literal facts, so every phrase is tested
 //! on literal input.
 //!
-//! The sentence is a base phrase — `<op> blocked <d> s in <symbol> (<cause>)` — then,
+//! The sentence is a base phrase — `<op> blocked <d> s in <symbol> (<cause>)`, or for a
+//! call held in two waits of about equal length `... in <symbol> (<cause>) <d> s and in
+//! <symbol> (<cause>) <d> s` — then,
 //! after a colon, phrases separated by `; `: the dirty-memory state when it bears on the
 //! cause, md arrays that were syncing, the evidence phrases of other readers (`extra`:
 //! top dirtiers, device figures), and where the device was idle, that the hold was
@@ -10,6 +12,7 @@
 
 use crate::base::labels::Cause;
 use crate::stall::evidence::binary_bytes;
+use crate::stall::waits::WaitTime;
 
 /// The facts of one stall the verdict is built from.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,6 +24,9 @@ pub struct Facts<'a> {
     pub cause: Option<Cause>,
     /// The wait point that decided the cause.
     pub symbol: Option<&'a str>,
+    /// A second wait that held the call a good part of the time
+    /// ([`crate::stall::waits::second_wait`]), with the seconds of the deciding cause.
+    pub second: Option<(f64, WaitTime)>,
     pub dirty_bytes_max: u64,
     pub writeback_bytes_max: u64,
     /// 0 when never sampled.
@@ -41,6 +47,16 @@ pub fn verdict(f: &Facts<'_>, extra: &[String], device_idle: Option<bool>) -> St
     match f.symbol {
         Some(sym) if cause != Cause::Unknown => s += &format!(" in {sym} ({})", cause.text()),
         _ => s += &format!(" ({})", cause.text()),
+    }
+    if let (Some(_), Some((first, w))) = (f.symbol, &f.second) {
+        if cause != Cause::Unknown {
+            s += &format!(
+                " {first:.1} s and in {} ({}) {:.1} s",
+                w.symbol,
+                w.cause.text(),
+                w.seconds
+            );
+        }
     }
     let mut phrases: Vec<String> = Vec::new();
     if let Some(p) = vm_phrase(f, cause) {
@@ -183,6 +199,30 @@ mod tests {
         assert_eq!(
             verdict(&f, &[], Some(false)),
             "create blocked 3.1 s in ext4_read_bh (waiting for a metadata block under I/O)"
+        );
+    }
+
+    #[test]
+    fn a_call_held_in_two_waits_names_both() {
+        // The stall matrix's metadata-storm fsync: its data's writeback, then the
+        // device's cache flush, about 2 s each.
+        let f = Facts {
+            seconds: 3.94,
+            dirty_threshold_bytes: 0,
+            second: Some((
+                2.04,
+                WaitTime {
+                    cause: Cause::DeviceQueue,
+                    symbol: "submit_bio_wait".into(),
+                    seconds: 1.9,
+                },
+            )),
+            ..facts(Cause::WritebackWait, "folio_wait_writeback")
+        };
+        assert_eq!(
+            verdict(&f, &[], Some(false)),
+            "fsync blocked 3.9 s in folio_wait_writeback (waiting for writeback) 2.0 s and \
+             in submit_bio_wait (block device queue or writeback throttling) 1.9 s"
         );
     }
 

@@ -1,5 +1,5 @@
 //! Where the kernel holds a probe call: samples of the lane thread's wait point
-//! (`wchan`, and the kernel stack where readable), counted per call and settled into a
+//! (`wchan`, and the kernel stack where readable), timed per call and settled into a
 //! [`Cause`].
 //!
 //! The watchdog takes the samples from its own thread while a call is blocked past
@@ -143,6 +143,10 @@ impl Reader {
     }
 }
 
+/// The share of the time held that a second wait point needs for the verdict to name it
+/// beside the deciding one: a call held about half in each of two waits is both.
+pub const SECOND_WAIT_SHARE: f64 = 0.35;
+
 /// A wchan symbol and how many samples showed it (event field `wchan`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SymbolCount {
@@ -150,21 +154,35 @@ pub struct SymbolCount {
     pub count: u64,
 }
 
+/// A wait point and the time the call was held there (event field `waits`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitTime {
+    pub cause: Cause,
+    pub symbol: String,
+    pub seconds: f64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Classified {
     cause: Cause,
     symbol: String,
-    count: u64,
+    /// The time credited to this pair: see [`WaitSamples::add`].
+    held: Duration,
     /// The latest stack that gave this pair.
     stack: Option<Vec<String>>,
 }
 
-/// The samples of one call, bounded: counts per wchan symbol and per (cause, symbol).
+/// The samples of one call, bounded: counts per wchan symbol, and the time held per
+/// (cause, symbol).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WaitSamples {
     /// In the order first seen.
     wchan: Vec<SymbolCount>,
     classified: Vec<Classified>,
+    /// The pair the latest sample with a wait point gave (an index into `classified`).
+    latest: Option<usize>,
+    /// Time before the first sample with a wait point, credited to that one.
+    unplaced: Duration,
     /// Samples taken, including those of a running thread.
     pub total: u64,
     /// Samples whose new symbol did not fit in [`MAX_SYMBOLS`].
@@ -172,8 +190,17 @@ pub struct WaitSamples {
 }
 
 impl WaitSamples {
-    /// Folds one sample in.
-    pub fn add(&mut self, s: &Sample) {
+    /// Folds one sample in; `since` is the time since the sample before it, or since the
+    /// call started for the first one.
+    ///
+    /// The cause is settled by time, not by count of samples: each sample's wait point is
+    /// credited with the time since the sample before, so the part of the call before the
+    /// first sample (a quarter of the threshold: sampling starts there) counts for the
+    /// wait point the first sample found, and a sample a second apart (after
+    /// [`FAST_SAMPLES`]) weighs ten of those 100 ms apart. A sample of the thread running
+    /// credits the wait point of the latest sample that had one: a thread woken for an
+    /// instant between two waits of a call is still held by it.
+    pub fn add(&mut self, s: &Sample, since: Duration) {
         self.total += 1;
         if let Some(w) = &s.wchan {
             if let Some(c) = self.wchan.iter_mut().find(|c| &c.symbol == w) {
@@ -188,27 +215,51 @@ impl WaitSamples {
             }
         }
         let Some((cause, symbol)) = s.classify() else {
+            match self.latest {
+                Some(i) => self.classified[i].held += since,
+                None => self.unplaced += since,
+            }
             return;
         };
-        if let Some(c) = self
+        let held = since + std::mem::take(&mut self.unplaced);
+        if let Some(i) = self
             .classified
-            .iter_mut()
-            .find(|c| c.cause == cause && c.symbol == symbol)
+            .iter()
+            .position(|c| c.cause == cause && c.symbol == symbol)
         {
-            c.count += 1;
+            let c = &mut self.classified[i];
+            c.held += held;
             if s.stack.is_some() {
                 c.stack.clone_from(&s.stack);
             }
+            self.latest = Some(i);
         } else if self.classified.len() < MAX_SYMBOLS {
             self.classified.push(Classified {
                 cause,
                 symbol,
-                count: 1,
+                held,
                 stack: s.stack.clone(),
             });
+            self.latest = Some(self.classified.len() - 1);
         } else {
             self.dropped += 1;
         }
+    }
+
+    /// The wait points and the time credited to each, longest first (first seen first
+    /// among equals).
+    pub fn waits(&self) -> Vec<WaitTime> {
+        let mut v: Vec<WaitTime> = self
+            .classified
+            .iter()
+            .map(|c| WaitTime {
+                cause: c.cause,
+                symbol: c.symbol.clone(),
+                seconds: c.held.as_secs_f64(),
+            })
+            .collect();
+        v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        v
     }
 
     /// The wchan symbols, most frequent first (first seen first among equals).
@@ -218,14 +269,14 @@ impl WaitSamples {
         v
     }
 
-    /// The cause of the call. The rule: the cause with most samples among the mapped
-    /// ones (every cause but `other`), the one seen first among equals; `other` when
-    /// samples exist but none maps; `unknown` without a sample that named a wait point.
+    /// The cause of the call. The rule: the cause held longest among the mapped ones
+    /// (every cause but `other`), the one seen first among equals; `other` when samples
+    /// exist but none maps; `unknown` without a sample that named a wait point.
     pub fn cause(&self) -> Cause {
         self.decided().map_or(Cause::Unknown, |c| c.cause)
     }
 
-    /// The symbol that decided the cause: the most frequent one of that cause.
+    /// The symbol that decided the cause: the one of that cause held longest.
     pub fn symbol(&self) -> Option<&str> {
         self.decided().map(|c| c.symbol.as_str())
     }
@@ -236,11 +287,11 @@ impl WaitSamples {
     }
 
     fn decided(&self) -> Option<&Classified> {
-        let mut totals: Vec<(Cause, u64)> = Vec::new();
+        let mut totals: Vec<(Cause, Duration)> = Vec::new();
         for c in &self.classified {
             match totals.iter_mut().find(|(k, _)| *k == c.cause) {
-                Some((_, n)) => *n += c.count,
-                None => totals.push((c.cause, c.count)),
+                Some((_, n)) => *n += c.held,
+                None => totals.push((c.cause, c.held)),
             }
         }
         let best = |mapped: bool| {
@@ -257,13 +308,48 @@ impl WaitSamples {
             .iter()
             .filter(|c| c.cause == cause)
             .rev()
-            .max_by_key(|c| c.count)
+            .max_by_key(|c| c.held)
     }
+}
+
+/// The wait of another cause than `cause` that held the call for at least
+/// [`SECOND_WAIT_SHARE`] of the time credited to all its waits: its cause, its longest
+/// symbol and the seconds of all its symbols, with the seconds of `cause` beside it. None
+/// when one cause held the call most of the time.
+pub fn second_wait(waits: &[WaitTime], cause: Cause) -> Option<(f64, WaitTime)> {
+    let total: f64 = waits.iter().map(|w| w.seconds).sum();
+    let of = |c: Cause| -> f64 {
+        waits
+            .iter()
+            .filter(|w| w.cause == c)
+            .map(|w| w.seconds)
+            .sum()
+    };
+    // `waits` is longest first: the first of another cause is its longest symbol.
+    let mut seen: Vec<Cause> = Vec::new();
+    let mut best: Option<WaitTime> = None;
+    for w in waits.iter().filter(|w| w.cause != cause) {
+        if seen.contains(&w.cause) {
+            continue;
+        }
+        seen.push(w.cause);
+        let seconds = of(w.cause);
+        if best.as_ref().is_none_or(|b| seconds > b.seconds) {
+            best = Some(WaitTime {
+                seconds,
+                ..w.clone()
+            });
+        }
+    }
+    let best = best.filter(|b| total > 0.0 && b.seconds >= SECOND_WAIT_SHARE * total)?;
+    Some((of(cause), best))
 }
 
 struct Current {
     seq: u64,
     samples: WaitSamples,
+    /// When the latest sample was taken; the call's start before the first.
+    last: Instant,
     next: Instant,
 }
 
@@ -289,8 +375,15 @@ impl LaneWaits {
         Some(self.tid.load(Ordering::Relaxed)).filter(|&t| t != 0)
     }
 
-    /// Samples call `seq` when a sample is due, returns when the next one is.
-    pub fn sample_if_due(&self, reader: &Reader, seq: u64, now: Instant) -> Instant {
+    /// Samples call `seq`, which started at `started`, when a sample is due; returns when
+    /// the next one is.
+    pub fn sample_if_due(
+        &self,
+        reader: &Reader,
+        seq: u64,
+        started: Instant,
+        now: Instant,
+    ) -> Instant {
         let due = match &*lock(&self.current) {
             Some(c) if c.seq == seq => c.next,
             _ => now,
@@ -305,12 +398,14 @@ impl LaneWaits {
             *cur = Some(Current {
                 seq,
                 samples: WaitSamples::default(),
+                last: started,
                 next: now,
             });
         }
         let c = cur.as_mut().expect("just set");
         if let Some(s) = &sample {
-            c.samples.add(s);
+            c.samples.add(s, now.saturating_duration_since(c.last));
+            c.last = now;
         }
         let period = if c.samples.total >= FAST_SAMPLES {
             SLOW_SAMPLE_PERIOD
@@ -349,6 +444,9 @@ mod tests {
 [<0>] ext4_file_write_iter+0x1a/0x30 [ext4]
 [<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e
 ";
+
+    /// The fast sampling period, as the time a sample stands for.
+    const P: Duration = SAMPLE_PERIOD;
 
     fn sample(wchan: &str, stack: Option<&[&str]>) -> Sample {
         Sample {
@@ -405,21 +503,21 @@ mod tests {
         let mut w = WaitSamples::default();
         assert_eq!(w.cause(), Cause::Unknown);
         for _ in 0..5 {
-            w.add(&sample("mystery_wait", None));
+            w.add(&sample("mystery_wait", None), P);
         }
         assert_eq!(w.cause(), Cause::Other);
         assert_eq!(w.symbol(), Some("mystery_wait"));
-        w.add(&sample("jbd2_log_wait_commit", None));
-        w.add(&sample("folio_wait_writeback", None));
-        w.add(&sample("folio_wait_writeback", None));
+        w.add(&sample("jbd2_log_wait_commit", None), P);
+        w.add(&sample("folio_wait_writeback", None), P);
+        w.add(&sample("folio_wait_writeback", None), P);
         assert_eq!(
             w.cause(),
             Cause::WritebackWait,
             "mapped beats more frequent other"
         );
-        w.add(&sample("jbd2_log_wait_commit", None));
+        w.add(&sample("jbd2_log_wait_commit", None), P);
         assert_eq!(w.cause(), Cause::Journal, "equals: the first seen");
-        w.add(&sample("0", None));
+        w.add(&sample("0", None), P);
         assert_eq!(w.total, 10);
         let top = &w.wchan()[0];
         assert_eq!((top.symbol.as_str(), top.count), ("mystery_wait", 5));
@@ -429,12 +527,102 @@ mod tests {
     }
 
     #[test]
+    fn the_time_before_the_first_sample_counts_for_its_wait_point() {
+        // The stall matrix's mixed fsync: 2.0 s waiting for its data's writeback, then
+        // 1.9 s in the cache flush; sampling starts at 0.25 s. By count the flush has
+        // more samples (19 against 18); by time the writeback held the call longer.
+        let mut w = WaitSamples::default();
+        let wb = sample("folio_wait_bit", Some(&["folio_wait_writeback"]));
+        let flush = sample("submit_bio_wait", None);
+        w.add(&wb, Duration::from_millis(250));
+        for _ in 0..17 {
+            w.add(&wb, P);
+        }
+        for _ in 0..19 {
+            w.add(&flush, P);
+        }
+        assert_eq!(w.cause(), Cause::WritebackWait);
+        assert_eq!(w.symbol(), Some("folio_wait_writeback"));
+        let waits = w.waits();
+        assert_eq!(waits.len(), 2);
+        assert!((waits[0].seconds - 1.95).abs() < 1e-9, "{waits:?}");
+        assert!((waits[1].seconds - 1.9).abs() < 1e-9, "{waits:?}");
+        let (first, second) = second_wait(&waits, w.cause()).expect("both waits named");
+        assert!((first - 1.95).abs() < 1e-9);
+        assert_eq!(second.cause, Cause::DeviceQueue);
+        assert_eq!(second.symbol, "submit_bio_wait");
+        let json = serde_json::to_value(&waits).unwrap();
+        assert_eq!(json[1]["cause"], "device_queue");
+        assert_eq!(json[1]["symbol"], "submit_bio_wait");
+    }
+
+    #[test]
+    fn a_running_thread_credits_the_latest_wait_point() {
+        let mut w = WaitSamples::default();
+        // Running before any wait point was seen: carried to the first one.
+        w.add(&sample("0", None), Duration::from_millis(300));
+        w.add(&sample("jbd2_log_wait_commit", None), P);
+        for _ in 0..3 {
+            w.add(&sample("folio_wait_writeback", None), P);
+        }
+        assert_eq!(w.cause(), Cause::Journal, "0.4 s against 0.3 s");
+        w.add(&sample("folio_wait_writeback", None), P);
+        assert_eq!(w.cause(), Cause::Journal, "equals: the first seen");
+        w.add(&sample("0", None), P);
+        assert_eq!(
+            w.cause(),
+            Cause::WritebackWait,
+            "the running sample is the latest wait point's"
+        );
+        assert_eq!(w.total, 7);
+    }
+
+    #[test]
+    fn a_slow_sample_weighs_its_whole_period() {
+        let mut w = WaitSamples::default();
+        for _ in 0..5 {
+            w.add(&sample("folio_wait_writeback", None), P);
+        }
+        w.add(&sample("percpu_rwsem_wait", None), SLOW_SAMPLE_PERIOD);
+        assert_eq!(w.cause(), Cause::Frozen, "1 s against 0.5 s");
+    }
+
+    #[test]
+    fn a_second_wait_is_named_from_a_third_of_the_time() {
+        let wait = |cause, symbol: &str, seconds| WaitTime {
+            cause,
+            symbol: symbol.into(),
+            seconds,
+        };
+        let waits = [
+            wait(Cause::DeviceQueue, "submit_bio_wait", 5.0),
+            wait(Cause::WritebackWait, "folio_wait_writeback", 2.0),
+            wait(Cause::WritebackWait, "folio_wait_bit", 1.0),
+            wait(Cause::Journal, "jbd2_log_wait_commit", 0.5),
+        ];
+        // Writeback: 3.0 s of 8.5 s, 35.3 %: named, with its longest symbol.
+        let (first, second) = second_wait(&waits, Cause::DeviceQueue).unwrap();
+        assert_eq!(first, 5.0);
+        assert_eq!(
+            second,
+            wait(Cause::WritebackWait, "folio_wait_writeback", 3.0)
+        );
+        assert_eq!(second_wait(&waits[..1], Cause::DeviceQueue), None);
+        let few = [waits[0].clone(), waits[3].clone()];
+        assert_eq!(second_wait(&few, Cause::DeviceQueue), None, "0.5 of 5.5 s");
+        assert_eq!(second_wait(&[], Cause::Unknown), None);
+    }
+
+    #[test]
     fn the_stack_of_the_deciding_symbol_is_kept() {
         let mut w = WaitSamples::default();
-        w.add(&sample(
-            "percpu_rwsem_wait",
-            Some(&["percpu_rwsem_wait", "mnt_want_write"]),
-        ));
+        w.add(
+            &sample(
+                "percpu_rwsem_wait",
+                Some(&["percpu_rwsem_wait", "mnt_want_write"]),
+            ),
+            P,
+        );
         assert_eq!(w.cause(), Cause::Frozen);
         assert_eq!(w.stack().unwrap()[1], "mnt_want_write");
     }
@@ -443,7 +631,7 @@ mod tests {
     fn symbols_are_bounded() {
         let mut w = WaitSamples::default();
         for i in 0..(MAX_SYMBOLS + 5) {
-            w.add(&sample(&format!("wait_{i}"), None));
+            w.add(&sample(&format!("wait_{i}"), None), P);
         }
         assert_eq!(w.wchan().len(), MAX_SYMBOLS);
         assert_eq!(w.dropped, 10, "5 wchan and 5 classified pairs did not fit");
@@ -455,17 +643,17 @@ mod tests {
         lane.set_tid_here();
         let reader = Reader::default();
         let now = Instant::now();
-        let next = lane.sample_if_due(&reader, 7, now);
+        let next = lane.sample_if_due(&reader, 7, now, now);
         assert_eq!(next, now + SAMPLE_PERIOD);
         assert_eq!(
-            lane.sample_if_due(&reader, 7, now),
+            lane.sample_if_due(&reader, 7, now, now),
             next,
             "not due again yet"
         );
         assert_eq!(lane.of(7).unwrap().total, 1);
         // This thread is running while it reads itself: no wait point.
         assert_eq!(lane.cause_of(7), Cause::Unknown);
-        lane.sample_if_due(&reader, 8, now);
+        lane.sample_if_due(&reader, 8, now, now);
         assert!(lane.of(7).is_none(), "a new call starts afresh");
         assert_eq!(lane.of(8).unwrap().total, 1);
     }
