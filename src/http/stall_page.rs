@@ -158,7 +158,10 @@ struct Page<'a> {
     /// The cause the stall was counted under, where the wait moved after the crossing.
     counted_cause: Option<&'static str>,
     error: Option<String>,
-    /// Wait points and their samples, most frequent first.
+    /// The wait points with the time held at each (`waits`); empty in records of agents
+    /// before 0.3, which show `waits`.
+    held_at: Vec<(String, &'static str, String)>,
+    /// The `wchan` symbols with their sample counts.
     waits: Vec<(String, u64)>,
     stack: Option<Vec<String>>,
     dirtiers: Vec<[String; 4]>,
@@ -501,6 +504,17 @@ fn page<'a>(app: &'a App, e: StallEvent) -> Page<'a> {
         cause: e.cause.as_str(),
         cause_text: e.cause.text(),
         counted_cause: (e.counted_cause != e.cause).then(|| e.counted_cause.as_str()),
+        held_at: e
+            .waits
+            .iter()
+            .map(|w| {
+                (
+                    w.symbol.clone(),
+                    w.cause.as_str(),
+                    format!("{:.1} s", w.seconds),
+                )
+            })
+            .collect(),
         waits: e
             .wchan
             .iter()

@@ -22,7 +22,13 @@ pub struct VmContext {
     pub dirty_bytes_start: u64,
     pub dirty_bytes_max: u64,
     pub writeback_bytes_max: u64,
+    /// The threshold at the latest reading.
     pub dirty_threshold_bytes: u64,
+    /// The lowest threshold of the window (0 when never read): a limit lowered during
+    /// the stall and raised again before it ended is the one the writers were held at.
+    /// Absent in records of agents before 0.3.
+    #[serde(default)]
+    pub dirty_threshold_bytes_min: u64,
     pub dirty_background_threshold_bytes: u64,
     /// PSI io time accrued during the stall; null without PSI.
     pub io_pressure_some_seconds: Option<f64>,
@@ -237,6 +243,7 @@ pub(super) fn set_verdict(ev: &mut StallEvent) {
         dirty_bytes_max: ev.vm.dirty_bytes_max,
         writeback_bytes_max: ev.vm.writeback_bytes_max,
         dirty_threshold_bytes: ev.vm.dirty_threshold_bytes,
+        dirty_threshold_bytes_min: ev.vm.dirty_threshold_bytes_min,
         md: ev
             .md
             .iter()
@@ -277,6 +284,13 @@ pub(super) fn update(ev: &mut StallEvent, s: &Snapshot) {
     ev.vm.dirty_bytes_max = ev.vm.dirty_bytes_max.max(c.dirty_bytes);
     ev.vm.writeback_bytes_max = ev.vm.writeback_bytes_max.max(c.writeback_bytes);
     ev.vm.dirty_threshold_bytes = c.dirty_threshold_bytes;
+    if c.dirty_threshold_bytes > 0 {
+        let min = &mut ev.vm.dirty_threshold_bytes_min;
+        *min = match *min {
+            0 => c.dirty_threshold_bytes,
+            m => m.min(c.dirty_threshold_bytes),
+        };
+    }
     ev.vm.dirty_background_threshold_bytes = c.dirty_background_threshold_bytes;
     match (ev.pressure_start, s.vm.pressure) {
         (Some((some0, full0)), Some(p)) => {

@@ -29,14 +29,19 @@ pub struct Facts<'a> {
     pub second: Option<(f64, WaitTime)>,
     pub dirty_bytes_max: u64,
     pub writeback_bytes_max: u64,
-    /// 0 when never sampled.
+    /// At the latest reading; 0 when never sampled.
     pub dirty_threshold_bytes: u64,
+    /// The lowest of the window; 0 when never sampled.
+    pub dirty_threshold_bytes_min: u64,
     /// md arrays and the sync action seen (`check`, `resync`, `idle`, ...).
     pub md: Vec<(&'a str, &'a str)>,
 }
 
 /// Dirty memory this close to the threshold reads "at the threshold".
 const AT_THRESHOLD: f64 = 0.9;
+
+/// A threshold at the end this much above the window's lowest is said beside it.
+const THRESHOLD_MOVED: f64 = 1.1;
 
 /// The sentence. `extra` are evidence phrases appended as they are; `device_idle` says
 /// whether the backing device was idle while the call was held (None: not known).
@@ -80,11 +85,18 @@ pub fn verdict(f: &Facts<'_>, extra: &[String], device_idle: Option<bool>) -> St
 
 /// The dirty-memory phrase: always when dirty memory was at the threshold, else only for
 /// the causes that dirty memory feeds (throttling, writeback, journal, device queue).
+/// The threshold compared with is the window's lowest: writers are held at the limit of
+/// the moment, and one lowered during the stall (an operator's `vm.dirty_bytes`) may be
+/// back up by its end, which is then said beside it.
 fn vm_phrase(f: &Facts<'_>, cause: Cause) -> Option<String> {
-    if f.dirty_threshold_bytes == 0 {
+    let threshold = match f.dirty_threshold_bytes_min {
+        0 => f.dirty_threshold_bytes,
+        m => m,
+    };
+    if threshold == 0 {
         return None;
     }
-    let ratio = f.dirty_bytes_max as f64 / f.dirty_threshold_bytes as f64;
+    let ratio = f.dirty_bytes_max as f64 / threshold as f64;
     let at = ratio >= AT_THRESHOLD;
     let related = matches!(
         cause,
@@ -97,8 +109,11 @@ fn vm_phrase(f: &Facts<'_>, cause: Cause) -> Option<String> {
     let mut p = format!(
         "dirty {} {how} the {} threshold",
         binary_bytes(f.dirty_bytes_max),
-        binary_bytes(f.dirty_threshold_bytes)
+        binary_bytes(threshold)
     );
+    if f.dirty_threshold_bytes as f64 > THRESHOLD_MOVED * threshold as f64 {
+        p += &format!(" ({} at the end)", binary_bytes(f.dirty_threshold_bytes));
+    }
     if f.writeback_bytes_max > 0 {
         p += &format!(", {} under writeback", binary_bytes(f.writeback_bytes_max));
     }
@@ -199,6 +214,32 @@ mod tests {
         assert_eq!(
             verdict(&f, &[], Some(false)),
             "create blocked 3.1 s in ext4_read_bh (waiting for a metadata block under I/O)"
+        );
+    }
+
+    #[test]
+    fn a_threshold_lowered_during_the_stall_is_the_one_compared_with() {
+        // The stall matrix's dirty-limit drop: vm.dirty_bytes 16 MiB for 6 s, then
+        // the default again before the write returned.
+        let f = Facts {
+            op: "write",
+            dirty_bytes_max: 18 << 20,
+            dirty_threshold_bytes: GIB * 3 / 2,
+            dirty_threshold_bytes_min: 16 << 20,
+            ..facts(Cause::DirtyThrottle, "balance_dirty_pages")
+        };
+        assert_eq!(
+            verdict(&f, &[], None),
+            "write blocked 9.2 s in balance_dirty_pages (dirty throttling): dirty 18.0 MiB \
+             at the 16.0 MiB threshold (1.5 GiB at the end)"
+        );
+        let steady = Facts {
+            dirty_threshold_bytes_min: GIB * 3 / 2 - (1 << 20),
+            ..facts(Cause::DirtyThrottle, "balance_dirty_pages")
+        };
+        assert!(
+            !verdict(&steady, &[], None).contains("at the end"),
+            "a threshold that moved less than 10 % is said once"
         );
     }
 

@@ -810,14 +810,21 @@ fn a_stall_has_a_page_of_its_own_linked_from_the_list() {
         );
     }
     assert!(call.contains("filesystem frozen"), "{call}");
-    let first = &ev["wchan"][0];
     let row = s.js(
         "const r = document.querySelectorAll('#waits tr')[1]; return r ? [...r.cells].map(c => c.textContent) : null;",
     );
+    let held = &ev["waits"][0];
+    let seconds = held["seconds"]
+        .as_f64()
+        .expect("the event says how long each wait point held the call");
     assert_eq!(
         row,
-        json!([first["symbol"], first["count"].to_string()]),
-        "the first wait point and its count"
+        json!([held["symbol"], held["cause"], format!("{seconds:.1} s")]),
+        "the first wait point, its cause and the time it held the call"
+    );
+    assert_eq!(
+        held["cause"], "frozen",
+        "a frozen filesystem held the call: {held}"
     );
     if let Some(stack) = ev["stack"].as_array() {
         let shown = s.js(
