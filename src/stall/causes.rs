@@ -102,6 +102,12 @@ pub const TABLE: &[(Pattern, Cause)] = &[
     (Exact("__ext4_get_inode_loc"), MetadataBuffer),
     (Exact("__ext4_find_entry"), MetadataBuffer),
     (Exact("__ext4_new_inode"), MetadataBuffer),
+    // A lookup whose name another thread is looking up already waits for that lookup to
+    // finish (d_alloc_parallel → d_wait_lookup, static and usually inlined, so the wchan
+    // and the frame seen are d_alloc_parallel): on a local filesystem, for the directory
+    // block or inode that lookup is reading. Seen with the cold reads of the stall matrix.
+    (Exact("d_alloc_parallel"), MetadataBuffer),
+    (Exact("d_wait_lookup"), MetadataBuffer),
     // XFS: a metadata buffer being read (xfs_buf_read_map → xfs_buf_iowait, the AGF or
     // AGI of an allocation group, a btree block), seen under a create after drop_caches.
     (Exact("xfs_buf_iowait"), MetadataBuffer),
@@ -200,6 +206,8 @@ mod tests {
         ("__ext4_get_inode_loc", MetadataBuffer),
         ("__ext4_find_entry", MetadataBuffer),
         ("__ext4_new_inode", MetadataBuffer),
+        ("d_alloc_parallel", MetadataBuffer),
+        ("d_wait_lookup", MetadataBuffer),
         ("xfs_buf_iowait", MetadataBuffer),
         ("md_write_start", Md),
         ("wait_barrier", Md),

@@ -100,6 +100,10 @@ const CLASSES: &[(&str, &str)] = &[
     ("ext4_read_bh*", "metadata_buffer"),
     ("__ext4_find_entry", "metadata_buffer"),
     ("ext4_bread*", "metadata_buffer"),
+    // A lookup waiting for another thread's lookup of the same name (fs/dcache.c), which
+    // is reading the directory block or the inode.
+    ("d_alloc_parallel", "metadata_buffer"),
+    ("d_wait_lookup", "metadata_buffer"),
     ("xfs_buf_lock", "metadata_buffer"),
     ("xfs_buf_iowait", "metadata_buffer"),
     ("xfs_buf_read_map", "metadata_buffer"),
