@@ -44,6 +44,7 @@ from .tables import Table
 
 QUICK = {"rounds": 2, "count": 100, "window": 20, "requests": 100, "freezes": 1,
          "b2b_rounds": 1, "b2b_count": 300, "scale_window": 20, "frozen_requests": 50,
+         "format_requests": 100,
          "append_rounds": 2, "append_count": 100, "append_b2b_rounds": 1,
          "append_b2b_count": 300, "agent_window": 15, "agent_freeze": 2,
          "floor_rounds": 2, "floor_window": 10}
@@ -86,6 +87,8 @@ def parser():
     opt("--scale-frozen", type=int, default=4, help="scale: loop targets frozen (default 4)")
     opt("--frozen-requests", type=int, default=200,
         help="scale: scrape requests per row while frozen (default 200)")
+    opt("--format-requests", type=int, default=500,
+        help="scale: scrape requests per format and encoding, 8 and 64 targets (default 500)")
     opt("--append-rounds", type=int, default=12, help="append: paced rounds (default 12)")
     opt("--append-count", type=int, default=400, help="append: requests per paced run (400)")
     opt("--append-b2b-rounds", type=int, default=12, help="append: back-to-back rounds (12)")

@@ -165,6 +165,19 @@ def thread_cpu(pid):
     return out
 
 
+def task_cpu(pid):
+    """CPU seconds of the live threads of pid, summed from their schedstat (ns): where
+    /proc/PID/stat's utime+stime step by 1/CLK_TCK (10 ms), too coarse for a block of 25
+    scrapes or an idle window of a second. A thread that exits takes its time with it."""
+    ns = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ns += int((t / "schedstat").read_text().split()[0])
+        except OSError:
+            continue
+    return ns / 1e9
+
+
 def thread_seconds(before, after):
     """CPU seconds per thread name between two thread_cpu() readings."""
     return {k: (v - before.get(k, 0)) / 1e9 for k, v in after.items()}
@@ -278,8 +291,10 @@ class Client:
         self.host, self.port = host, int(port)
         self.conn = None
 
-    def get(self, path="/metrics", gzip=False, timeout=5):
+    def get(self, path="/metrics", gzip=False, timeout=5, accept=None):
         headers = {"Accept-Encoding": "gzip"} if gzip else {"Accept-Encoding": "identity"}
+        if accept:
+            headers["Accept"] = accept
         for attempt in (1, 2):
             if self.conn is None:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -309,19 +324,25 @@ def get_timed(client, path, n):
     return [client.get(path)[1] for _ in range(n)]
 
 
-def curl_block(url, n, gzip):
-    """n keep-alive GETs in one curl: (seconds to last byte less connect, bytes, encoding)."""
+def curl_block(url, n, gzip, accept=None):
+    """n keep-alive GETs in one curl, with `Accept: accept` if given (else curl's */*):
+    (seconds to last byte less connect, bytes, Content-Encoding, Content-Type) each."""
     cmd = ["curl", "-s", "-H", f"Accept-Encoding: {'gzip' if gzip else 'identity'}", "-w",
-           "%{time_total} %{time_connect} %{size_download} %{http_code} %header{content-encoding}\\n"]
+           "%{time_total}\\t%{time_connect}\\t%{size_download}\\t%{http_code}\\t"
+           "%header{content-encoding}\\t%{content_type}\\n"]
+    if accept:
+        cmd += ["-H", f"Accept: {accept}"]
     for _ in range(n):
         cmd += ["-o", "/dev/null", url]
     r = run(cmd, timeout=120)
     out = []
     for ln in r.stdout.splitlines():
-        f = ln.split()
-        if len(f) < 4 or f[3] != "200":
+        f = ln.split("\t")
+        if len(f) != 6 or f[3] != "200":
             raise MeasureError(f"GET {url}: {ln!r}")
-        out.append((float(f[0]) - float(f[1]), int(f[2]), f[4] if len(f) > 4 else ""))
+        out.append((float(f[0]) - float(f[1]), int(f[2]), f[4], f[5]))
+    if len(out) != n:
+        raise MeasureError(f"GET {url}: {len(out)} responses of {n}")
     return out
 
 

@@ -1,7 +1,9 @@
 """Section `scale` (6): cost at 64 targets, the 8 loop filesystems and tmpfs mounts,
 against node_exporter: CPU and RSS at a 1 s and a 10 s interval (6), the scrape cost at
 1 s (6b), and the scrape cost while some loop targets are frozen (6c): a scrape must
-never wait on a lane."""
+never wait on a lane. Then the scrape cost by format (6d), text 0.0.4, OpenMetrics and
+protobuf, plain and gzip, with the 64 targets and with the 8 loop filesystems alone
+(the set of section `overhead`), each its own agent at 1 s."""
 
 import json
 import re
@@ -145,11 +147,32 @@ def scale_phase(ctx, targets, loops, interval, with_scrape):
     if with_scrape:
         log(f"scale {iv}: scrape cost, {ctx.args.requests} requests per server and encoding")
         out["scrape"] = scrapecost.with_cpu(agent, ne, ctx.args.requests)
+        out["formats"] = formats(ctx, agent, len(targets))
         out["frozen"] = scrape_while_frozen(ctx, agent, ne, loops[:ctx.args.scale_frozen])
         out["sw"]["hwm_end"] = proc_stat(agent.pid)[2]
     agent.stop()
     ne.stop()
     return out
+
+
+def formats(ctx, agent, n):
+    """6d of one agent: its scrape cost by format (scrapecost.by_format)."""
+    log(f"scale: scrape cost by format, {n} targets, {ctx.args.format_requests} requests per "
+        "format and encoding")
+    return scrapecost.by_format(agent, ctx.args.format_requests)
+
+
+def formats_loops(ctx, loops):
+    """6d with the 8 loop filesystems alone: an agent of its own at 1 s, measured once
+    every target is up and 2 s more (as the window of the 64)."""
+    cfg = "listen_address: 127.0.0.1:0\ndefaults:\n  interval: 1s\n" + target_yaml(loops)
+    agent = Agent(ctx.binary, ctx.work, f"agent{len(loops)}-formats", cfg)
+    try:
+        wait_all_up(agent, loops, 2 + 15)
+        time.sleep(2)
+        return formats(ctx, agent, len(loops))
+    finally:
+        agent.stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,6 +192,12 @@ def goals(data):
             g.append(Goal(f"scrape p99 <= 5 ms ({n} targets{lab}{glab})", ms(p), p <= 0.005, p))
             g.append(Goal(f"scrape p99 < node_exporter's ({n} targets{lab}{glab})",
                           fixed(ratio(p, q)), p < q, ratio(p, q)))
+    # 6d: the formats Prometheus asks for by default (OpenMetrics) and with native
+    # histograms (protobuf); text is 6b's.
+    for key, lab in (("om", "OpenMetrics"), ("pb", "protobuf")):
+        for k, glab in ((key, ""), (f"{key}_gzip", " gzip")):
+            p = one["formats"][k]["p99"]
+            g.append(Goal(f"scrape p99 <= 5 ms ({n} targets, {lab}{glab})", ms(p), p <= 0.005, p))
     return g
 
 
@@ -189,6 +218,7 @@ def measure(ctx):
     n_tmpfs = len(targets) - len(loops)
     data = {"n_tmpfs": n_tmpfs, "n_loop": len(loops),
             "1s": scale_phase(ctx, targets, loops, 1.0, with_scrape=True),
+            "formats_loops": formats_loops(ctx, loops),
             "10s": scale_phase(ctx, targets, loops, 10.0, with_scrape=False)}
     return data, goals(data)
 
@@ -230,7 +260,7 @@ def frozen_table(one, params):
     fr, sc = one["frozen"], one["scrape"]
     rows = [(name, ms(fr[key]["p50"]), ms(fr[key]["p99"]), ms(fr[key]["max"]),
              ms(sc[key]["p99"]), fixed(ratio(fr[key]["p99"], sc[key]["p99"])))
-            for _, _, key, name in scrapecost.ROWS]
+            for key, name in ((r.key, r.name) for r in scrapecost.ROWS)]
     n = len(fr["names"])
     return Table(
         title="6c. Scrape cost while frozen",
@@ -255,12 +285,25 @@ def tables(data, params):
             scrapecost.table(f"6b. Scrape cost with {one['targets']} targets at 1 s",
                              f"GET /metrics, {params['requests']} keep-alive requests per row, "
                              "rows alternating in blocks of 25 (as in 3)", one["scrape"]),
-            frozen_table(one, params)]
+            frozen_table(one, params),
+            scrapecost.format_table(
+                "6d. Scrape cost by format",
+                f"GET /metrics of an agent at 1 s with the {one['targets']} targets (6b's) and "
+                f"of one with the {data['n_loop']} loop filesystems alone (section 3's set), "
+                f"{params['format_requests']} keep-alive requests per row, the six rows and an "
+                "idle block rotating in blocks of 25; Accept: text/plain;version=0.0.4, and "
+                "Prometheus 2.42's headers for OpenMetrics and for protobuf (native "
+                "histograms on); every response's Content-Type checked, one body per row "
+                "read back by its bytes; CPU/scrape: the agent's CPU (its threads' schedstat) "
+                "over the row's blocks less the idle background, per request; ratios to text of the same "
+                "encoding and target count",
+                {one["targets"]: one["formats"], data["n_loop"]: data["formats_loops"]})]
 
 
 SECTION = Section(
     name="scale", aliases=("6",),
     summary="64 targets (tmpfs + loop) beside node_exporter at 1 s and 10 s; scrape cost, "
-            "also while targets are frozen (only when named)",
-    params=("scale_targets", "scale_window", "scale_frozen", "requests", "frozen_requests"),
+            "also while targets are frozen, and by format (only when named)",
+    params=("scale_targets", "scale_window", "scale_frozen", "requests", "frozen_requests",
+            "format_requests"),
     default=False, measure=measure, tables=tables)
