@@ -501,7 +501,21 @@ pub fn run_mode(
     let fill = (spec.seq % 251) as u8 + 1;
     match mode {
         Mode::Create => {
-            let name = format!("{CREATE_PREFIX}{}.{}", std::process::id(), spec.seq);
+            // The name in the lane's own buffer, the process id asked once: no
+            // allocation and no getpid per cycle.
+            thread_local! {
+                static NAME: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+            }
+            static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+            let pid = *PID.get_or_init(std::process::id);
+            let name = NAME.with_borrow_mut(|n| {
+                n.clear();
+                n.push_str(CREATE_PREFIX);
+                n.push_str(itoa::Buffer::new().format(pid));
+                n.push('.');
+                n.push_str(itoa::Buffer::new().format(spec.seq));
+                std::mem::take(n)
+            });
             let fd = create_new(&mut t, dir, &name)?;
             let closed = t.run(
                 Op::Close,
@@ -513,6 +527,8 @@ pub fn run_mode(
                 || format!("unlink {name}"),
                 || unlinkat(&dir.fd, name.as_str(), AtFlags::empty()).map_err(errno),
             );
+            // The buffer back for the next cycle.
+            NAME.with_borrow_mut(|n| *n = name);
             closed.and(unlinked)?;
         }
         Mode::Overwrite => {
@@ -523,8 +539,14 @@ pub fn run_mode(
                 static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
             }
             BUF.with_borrow_mut(|buf| {
-                buf.clear();
-                buf.resize(spec.size as usize, fill);
+                // Refilled in place when it has the size already (one memset); the
+                // bytes are the same either way.
+                if buf.len() == spec.size as usize {
+                    buf.fill(fill);
+                } else {
+                    buf.clear();
+                    buf.resize(spec.size as usize, fill);
+                }
                 let r = t.run(
                     Op::Write,
                     || format!("pwrite {} bytes to {OVERWRITE_FILE}", spec.size),
