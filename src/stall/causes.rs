@@ -404,4 +404,47 @@ mod tests {
             "dirty_throttle"
         );
     }
+
+    /// The causes table of docs/stall-events.md says what `TABLE` does: every pattern in
+    /// the row of its cause (a prefix as `prefix*`), and every wait point the docs name
+    /// mapped to the cause of its row.
+    #[test]
+    fn the_documented_causes_table_is_this_table() {
+        let docs = include_str!("../../docs/stall-events.md");
+        let mut rows = std::collections::HashMap::new();
+        for line in docs.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let cause = cells[1].trim_matches('`');
+            let mapped = Cause::VARIANTS
+                .iter()
+                .any(|&c| c.as_str() == cause && !matches!(c, Other | Unknown));
+            if mapped {
+                let points: Vec<&str> = cells[3].split('`').skip(1).step_by(2).collect();
+                rows.insert(cause, points);
+            }
+        }
+        for &(pattern, cause) in TABLE {
+            let named = match pattern {
+                Exact(s) => s.to_owned(),
+                Prefix(p) => format!("{p}*"),
+            };
+            let row = rows
+                .get(cause.as_str())
+                .unwrap_or_else(|| panic!("no row for {cause}"));
+            assert!(
+                row.contains(&named.as_str()),
+                "{named} -> {cause} is not in the docs' row"
+            );
+        }
+        for (cause, points) in &rows {
+            for point in points {
+                let symbol = point.trim_end_matches('*');
+                assert_eq!(
+                    of_symbol(symbol).map(Cause::as_str),
+                    Some(*cause),
+                    "the docs put {point} under {cause}"
+                );
+            }
+        }
+    }
 }
