@@ -107,6 +107,9 @@ def parser():
              "in the same rounds as a third process")
     opt("--floor-warmup", type=float, default=3,
         help="floor: seconds after start (the agent: after every target is up) before the window (3)")
+    opt("--matrix-only", type=str, metavar="WORD[,WORD]", default=None,
+        help="matrix: only the cells whose scenario contains a WORD or whose filesystem is one "
+             "(STALLWATCH_MATRIX_ONLY)")
     return ap
 
 

@@ -46,9 +46,9 @@ class Context:
 
 def all_sections():
     """Every section, in run order (that of the numbered bench: 1, 2+3, 5, 4, 6, 7)."""
-    from . import accuracy, agent, append, detection, floor, overhead, scale, series
+    from . import accuracy, agent, append, detection, floor, matrix, overhead, scale, series
     return [accuracy.SECTION, overhead.SECTION, series.SECTION, detection.SECTION,
-            scale.SECTION, append.SECTION, agent.SECTION, floor.SECTION]
+            scale.SECTION, append.SECTION, agent.SECTION, floor.SECTION, matrix.SECTION]
 
 
 def by_name():

@@ -21,7 +21,8 @@
 //!   the exceptions. Results and the story of each cell: docs/stall-matrix.md.
 //!
 //! `STALLWATCH_MATRIX_ONLY=WORD[,WORD]` runs only some cells, `STALLWATCH_MATRIX_TRACES=DIR`
-//! keeps each cell's raw trace.
+//! keeps each cell's raw trace, `STALLWATCH_MATRIX_JSON=FILE` writes the cells and rows
+//! as JSON (the bench's `matrix` section reads it).
 //!
 //! Both print the matrix (`--nocapture`). Global state (the `vm.dirty_*` sysctls of the
 //! dirty-limit drop, `drop_caches`) is touched only under [`machine::exclusive`], saved
@@ -967,7 +968,46 @@ fn run_matrix(plan: &[(Scenario, &[&str], u64)], fuse: Option<u64>) -> Vec<Row> 
         cells.push(("FUSE server stops answering", "fuse".to_owned()));
     }
     println!("\n{}", render(&rows, &cells));
+    if let Ok(path) = std::env::var("STALLWATCH_MATRIX_JSON") {
+        std::fs::write(&path, as_json(&rows, &cells).to_string())
+            .unwrap_or_else(|e| panic!("STALLWATCH_MATRIX_JSON={path}: {e}"));
+    }
     rows
+}
+
+/// The cells run and every row, for the bench's `matrix` section
+/// (`STALLWATCH_MATRIX_JSON=FILE`).
+fn as_json(rows: &[Row], cells: &[(&str, String)]) -> Value {
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "scenario": r.scenario,
+                "fs": r.fs,
+                "mode": r.mode,
+                "op": r.op,
+                "seconds": r.seconds,
+                "cause": r.cause,
+                "symbol": r.symbol,
+                "verdict": r.verdict,
+                "named": r.named(),
+                "agrees": r.agrees(),
+                "mixed": !r.agrees() && r.partly_agrees(),
+                "kernel": r.kernel.as_ref().map(|k| serde_json::json!({
+                    "class": k.class,
+                    "frame": k.frame,
+                    "seconds": k.seconds,
+                    "shares": k.shares,
+                    "stack": k.stack,
+                })),
+            })
+        })
+        .collect();
+    let cells: Vec<Value> = cells
+        .iter()
+        .map(|(s, f)| serde_json::json!({"scenario": s, "fs": f}))
+        .collect();
+    serde_json::json!({"cells": cells, "rows": rows})
 }
 
 /// `STALLWATCH_MATRIX_ONLY=WORD[,WORD…]` runs only the cells whose scenario name
