@@ -5,7 +5,10 @@ named, >= 95 % agreeing) and the table with its exceptions. Run from the reposit
     python3 -m unittest discover -s bench -t .
 """
 
+import tempfile
 import unittest
+from pathlib import Path
+from unittest import mock
 
 from bench.results import through_json
 from bench.sections import matrix
@@ -61,6 +64,28 @@ class Tables(unittest.TestCase):
         self.assertIn("3 stalls >= 2 s, 3 with a named cause, 2 agree", t.notes[0])
         self.assertEqual(len(t.notes), 2)
         self.assertIn("agent device_queue at submit_bio_wait, kernel writeback_wait", t.notes[1])
+
+
+class RestoreDirty(unittest.TestCase):
+    def test_the_nonzero_one_of_each_pair_is_written_back(self):
+        with tempfile.TemporaryDirectory() as d:
+            files = [Path(d) / n for n in ("ratio", "bytes", "bg_ratio", "bg_bytes")]
+            for f, v in zip(files, ("0", "16777216", "0", "8388608")):
+                f.write_text(v + "\n")
+            with mock.patch.object(matrix, "DIRTY", files):
+                matrix.restore_dirty(["20", "0", "0", "4194304"])
+            self.assertEqual(files[0].read_text(), "20")
+            self.assertEqual(files[1].read_text().strip(), "16777216", "the ratio's pair is left")
+            self.assertEqual(files[3].read_text(), "4194304")
+
+    def test_nothing_is_written_when_nothing_changed(self):
+        with tempfile.TemporaryDirectory() as d:
+            files = [Path(d) / n for n in ("a", "b", "c", "d")]
+            for f, v in zip(files, ("20", "0", "10", "0")):
+                f.write_text(v + "\n")
+            with mock.patch.object(matrix, "DIRTY", files):
+                matrix.restore_dirty(["20", "0", "10", "0"])
+            self.assertEqual(files[0].read_text(), "20\n")
 
 
 if __name__ == "__main__":

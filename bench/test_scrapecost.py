@@ -206,13 +206,16 @@ class Blocks(unittest.TestCase):
 class TaskCpu(unittest.TestCase):
     def test_the_threads_schedstat_against_the_process_clock(self):
         """task_cpu of this process over a busy spin of 100 ms of CPU, against
-        CLOCK_PROCESS_CPUTIME_ID (time.process_time): within 5 ms."""
+        CLOCK_PROCESS_CPUTIME_ID (time.process_time): within 25 ms. schedstat's runtime of
+        the running thread (this one) is updated at the scheduler tick, so it may lag by a
+        tick (10 ms at HZ=100); two and a half ticks keep the test from failing on a
+        loaded machine while a wrong unit or a missing thread is still far outside."""
         pid = os.getpid()
         a, p0 = task_cpu(pid), time.process_time()
         while time.process_time() - p0 < 0.1:
             pass
         b, p1 = task_cpu(pid), time.process_time()
-        self.assertAlmostEqual(b - a, p1 - p0, delta=0.005)
+        self.assertAlmostEqual(b - a, p1 - p0, delta=0.025)
 
 
 class FormatTable(unittest.TestCase):

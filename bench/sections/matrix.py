@@ -10,6 +10,7 @@ bench run. The story of each cell: docs/stall-matrix.md.
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,43 @@ COMMAND = ["cargo", "test", "--release", "--test", "it", "matrix::full", "--", "
            "--nocapture"]
 
 
+TIMEOUT = 1800
+DIRTY = [Path("/proc/sys/vm") / n for n in
+         ("dirty_ratio", "dirty_bytes", "dirty_background_ratio", "dirty_background_bytes")]
+
+
+def restore_dirty(saved):
+    """Writes the vm.dirty_* sysctls back if they differ from `saved`. The test restores
+    them itself on every exit path but one: killed at the timeout, it cannot. A ratio and
+    its bytes exclude each other (writing one zeroes the other), so the nonzero one of
+    each pair is written."""
+    now = [p.read_text().strip() for p in DIRTY]
+    if now == saved:
+        return
+    for i in (0, 2):
+        ratio, size = saved[i], saved[i + 1]
+        if size != "0":
+            DIRTY[i + 1].write_text(size)
+        else:
+            DIRTY[i].write_text(ratio)
+
+
+def run(env, log):
+    """matrix::full in a process group of its own, killed whole at the timeout."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(COMMAND, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            return p.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise MeasureError(f"matrix::full still running after {TIMEOUT} s, killed; a loop "
+                               f"device or frozen filesystem of its own may be left (see {log})")
+
+
 def measure(ctx):
+    saved = [p.read_text().strip() for p in DIRTY]
     with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
         out = Path(tmp) / "matrix.json"
         env = dict(os.environ, STALLWATCH_MATRIX_JSON=str(out))
@@ -37,9 +74,10 @@ def measure(ctx):
             env["STALLWATCH_MATRIX_ONLY"] = ctx.args.matrix_only
         log = Path(ctx.work) / "matrix.log"
         t0 = time.monotonic()
-        with open(log, "w") as f:
-            rc = subprocess.run(COMMAND, cwd=REPO, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, timeout=1800).returncode
+        try:
+            rc = run(env, log)
+        finally:
+            restore_dirty(saved)
         elapsed = time.monotonic() - t0
         if not out.exists():
             tail = log.read_text(errors="replace").splitlines()[-15:]

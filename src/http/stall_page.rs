@@ -159,7 +159,7 @@ struct Page<'a> {
     counted_cause: Option<&'static str>,
     error: Option<String>,
     /// The wait points with the time held at each (`waits`); empty in records of agents
-    /// before 0.3, which show `waits`.
+    /// before 0.2.0, which show `waits`.
     held_at: Vec<(String, &'static str, String)>,
     /// The `wchan` symbols with their sample counts.
     waits: Vec<(String, u64)>,

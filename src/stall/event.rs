@@ -26,7 +26,7 @@ pub struct VmContext {
     pub dirty_threshold_bytes: u64,
     /// The lowest threshold of the window (0 when never read): a limit lowered during
     /// the stall and raised again before it ended is the one the writers were held at.
-    /// Absent in records of agents before 0.3.
+    /// Absent in records of agents before 0.2.0.
     #[serde(default)]
     pub dirty_threshold_bytes_min: u64,
     pub dirty_background_threshold_bytes: u64,
@@ -144,7 +144,7 @@ pub struct StallEvent {
     pub wchan: Vec<SymbolCount>,
     /// The wait points with the time the call was held at each, longest first: the
     /// cause is the one held longest (`waits.rs`). Absent in records of agents before
-    /// 0.3.
+    /// 0.2.0.
     #[serde(default)]
     pub waits: Vec<WaitTime>,
     /// The kernel stack at the deciding wait point, innermost frame first; null when

@@ -195,8 +195,9 @@ impl WaitSamples {
     ///
     /// The cause is settled by time, not by count of samples: each sample's wait point is
     /// credited with the time since the sample before, so the part of the call before the
-    /// first sample (a quarter of the threshold: sampling starts there) counts for the
-    /// wait point the first sample found, and a sample a second apart (after
+    /// first sample (a quarter of the threshold, where sampling starts, or up to a whole
+    /// threshold when the watchdog first sees the call late) counts for the wait point
+    /// the first sample found, and a sample a second apart (after
     /// [`FAST_SAMPLES`]) weighs ten of those 100 ms apart. A sample of the thread running
     /// credits the wait point of the latest sample that had one: a thread woken for an
     /// instant between two waits of a call is still held by it.
@@ -499,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn the_most_frequent_mapped_cause_wins_over_unmapped_ones() {
+    fn a_mapped_cause_wins_over_unmapped_ones_and_equals_go_to_the_first_seen() {
         let mut w = WaitSamples::default();
         assert_eq!(w.cause(), Cause::Unknown);
         for _ in 0..5 {
@@ -588,7 +589,7 @@ mod tests {
     }
 
     #[test]
-    fn a_second_wait_is_named_from_a_third_of_the_time() {
+    fn a_second_wait_is_named_from_35_percent_of_the_time() {
         let wait = |cause, symbol: &str, seconds| WaitTime {
             cause,
             symbol: symbol.into(),
@@ -656,5 +657,42 @@ mod tests {
         lane.sample_if_due(&reader, 8, now, now);
         assert!(lane.of(7).is_none(), "a new call starts afresh");
         assert_eq!(lane.of(8).unwrap().total, 1);
+    }
+
+    #[test]
+    fn the_first_sample_stands_for_the_time_since_the_call_started() {
+        // A thread asleep in the kernel (a futex wait: `other`, not in the table).
+        let lane = std::sync::Arc::new(LaneWaits::default());
+        let (stop, asleep) = std::sync::mpsc::channel::<()>();
+        let sleeper = {
+            let lane = lane.clone();
+            std::thread::spawn(move || {
+                lane.set_tid_here();
+                let _ = asleep.recv_timeout(Duration::from_secs(20));
+            })
+        };
+        let reader = Reader::default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lane
+            .tid()
+            .and_then(|t| reader.sample(t))
+            .and_then(|s| s.classify())
+            .is_none()
+        {
+            assert!(Instant::now() < deadline, "the thread never went to sleep");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let now = Instant::now();
+        let started = now - Duration::from_millis(700);
+        lane.sample_if_due(&reader, 1, started, now);
+        let first = lane.of(1).unwrap().waits();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0].seconds, 0.7, "the lead from the call's start");
+        lane.sample_if_due(&reader, 1, started, now + SAMPLE_PERIOD);
+        let both = lane.of(1).unwrap().waits();
+        assert_eq!(both.len(), 1, "{both:?}");
+        assert!((both[0].seconds - 0.8).abs() < 1e-9, "{both:?}");
+        stop.send(()).unwrap();
+        sleeper.join().unwrap();
     }
 }
