@@ -14,6 +14,7 @@ use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::history::TargetHistory;
+use crate::kernel::mounts::MountWatch;
 use crate::stall::log::{FinishedCall, LaneKey};
 
 /// Reports each timed call to the in-flight slot, the histogram and the stall log.
@@ -89,6 +90,11 @@ pub struct Worker {
     /// The last mount check that passed: the mount table's generation it was made in,
     /// whether the mount is read-only, and the mount id the probe directory must be on.
     mount_ok: Option<(u64, bool, Option<u64>)>,
+    /// The lane's own watch on the mounts, polled each cycle without a lock; the shared
+    /// table is asked only when it says they changed.
+    mount_watch: MountWatch,
+    /// The mount table's generation as of the last change the watch reported.
+    generation: Option<u64>,
 }
 
 impl Worker {
@@ -106,6 +112,7 @@ impl Worker {
         let l = &target.lanes[lane];
         let series = ctx.metrics.lane_series(&target.target.name, l.mode, l.ops);
         let history = ctx.history.target(target.index);
+        let mount_watch = MountWatch::new(&ctx.roots.proc_root);
         Worker {
             target,
             lane,
@@ -116,6 +123,8 @@ impl Worker {
             series,
             history,
             mount_ok: None,
+            mount_watch,
+            generation: None,
         }
     }
 
@@ -128,8 +137,8 @@ impl Worker {
         // Other threads sample this thread's wait point while a call is blocked.
         self.lane().waits.set_tid_here();
         let interval = self.target.target.interval;
+        let mut due = lock(&self.lane().sched).next_due;
         loop {
-            let due = lock(&self.lane().sched).next_due;
             if self.target.stop.sleep_until(due) {
                 break;
             }
@@ -139,8 +148,7 @@ impl Worker {
                 s.next_due += interval;
             }
             self.cycle();
-            self.lane().count_overdue(interval);
-            lock(&self.lane().sched).running = false;
+            due = self.lane().end_cycle(interval);
         }
         self.cleanup();
     }
@@ -155,7 +163,14 @@ impl Worker {
         // While the mount table is the one the last check passed in, the check would
         // find the same mount again (its path, mount and expected filesystem are kept
         // per generation): reuse its result rather than copy the mount out each cycle.
-        let generation = self.ctx.mount_generation();
+        // The lanes wake together: polling the shared table's descriptor under its lock
+        // made them queue for it (a futex wait and a context switch each time two
+        // met). The lane's own descriptor tells it without a lock whether the table
+        // has to be asked; it is opened before the first ask, so no change is missed.
+        if self.mount_watch.changed() || self.generation.is_none() {
+            self.generation = self.ctx.mount_generation();
+        }
+        let generation = self.generation;
         let (mount_read_only, want_id) = match self.mount_ok {
             Some((g, ro, id)) if Some(g) == generation => (ro, id),
             _ => match target.check_mount(&self.ctx.mounts) {
@@ -444,6 +459,20 @@ mod tests {
         }
         let ids: Vec<usize> = shared.lanes.iter().map(|l| l.id).collect();
         assert_eq!(ids, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn targets_with_the_same_interval_wake_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_w, a, _ctx) = workers(target(dir.path(), false));
+        std::thread::sleep(Duration::from_millis(3));
+        let (_w, b, _ctx) = workers(target(dir.path(), false));
+        let due = |t: &TargetShared| lock(&t.lanes[0].sched).next_due;
+        let (da, db) = (due(&a), due(&b));
+        assert!(db <= Instant::now(), "the first cycle is due at once");
+        let interval = a.target.interval.as_nanos();
+        let apart = (db.max(da) - db.min(da)).as_nanos();
+        assert_eq!(apart % interval, 0, "{apart} ns apart, not on one grid");
     }
 
     #[test]
