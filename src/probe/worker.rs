@@ -2,6 +2,7 @@
 //! (`ops.rs`) and reports it to the in-flight slot, the histograms, the history and the
 //! stall log.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -24,15 +25,34 @@ struct Recorder<'a> {
     ctx: &'a Context,
     series: &'a LaneSeries,
     history: Option<&'a TargetHistory>,
-    seq: std::cell::Cell<u64>,
+    seq: Cell<u64>,
+    /// A wall-clock time and the monotonic time it was read at, once per cycle: the
+    /// wall time of each call's end is derived from it, not read again per call.
+    wall: Cell<Option<(Instant, SystemTime)>>,
+}
+
+impl Recorder<'_> {
+    /// The wall-clock time at monotonic time `at`, from the cycle's one reading of the
+    /// wall clock (the first call that asks reads it). `fresh` reads it again, after a
+    /// call that took long enough for the wall clock to have been set meanwhile.
+    fn wall_at(&self, at: Instant, fresh: bool) -> SystemTime {
+        match self.wall.get() {
+            Some((t0, w0)) if !fresh && at >= t0 => w0 + (at - t0),
+            _ => {
+                let now = SystemTime::now();
+                self.wall.set(Some((at, now)));
+                now
+            }
+        }
+    }
 }
 
 impl Observer for Recorder<'_> {
-    fn begin(&self, mode: Mode, op: Op) {
-        self.seq.set(self.lane.inflight.begin(mode, op));
+    fn begin(&self, mode: Mode, op: Op, started: Instant) {
+        self.seq.set(self.lane.inflight.begin_at(mode, op, started));
     }
 
-    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>) {
+    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>, ended: Instant) {
         self.lane.inflight.end();
         if self.target.stop.is_set() {
             // Removed by a reload (its series are gone) or shutting down: record nothing.
@@ -63,7 +83,8 @@ impl Observer for Recorder<'_> {
             })
             .flatten();
         if failure.is_none() && op != Op::Prepare {
-            let now = SystemTime::now();
+            // A stall's exemplar carries the wall clock read when it returned.
+            let now = self.wall_at(ended, stall_id.is_some() || elapsed >= t.stall_threshold);
             self.series
                 .observe(op, elapsed, stall_id.map(|id| (id, now)));
             if let Some(h) = self.history {
@@ -95,6 +116,8 @@ pub struct Worker {
     mount_watch: MountWatch,
     /// The mount table's generation as of the last change the watch reported.
     generation: Option<u64>,
+    /// The latencies of the cycle, kept from cycle to cycle (no allocation per cycle).
+    latencies: ops::Latencies,
 }
 
 impl Worker {
@@ -125,6 +148,7 @@ impl Worker {
             mount_ok: None,
             mount_watch,
             generation: None,
+            latencies: Vec::with_capacity(5),
         }
     }
 
@@ -213,7 +237,8 @@ impl Worker {
             ctx: &self.ctx,
             series: &self.series,
             history: self.history.as_deref(),
-            seq: std::cell::Cell::new(0),
+            seq: Cell::new(0),
+            wall: Cell::new(None),
         };
         let result = match self.open_dir(want_id, &rec) {
             Ok(dir) => {
@@ -236,7 +261,7 @@ impl Worker {
                     }
                     self.cleaned_leftovers = true;
                 }
-                ops::run_mode(mode, &dir, &spec, &rec).map(|_| ())
+                ops::run_mode_into(mode, &dir, &spec, &rec, &mut self.latencies)
             }
             Err(e) => Err(OpError {
                 mode,
@@ -279,14 +304,16 @@ impl Worker {
         rec: &Recorder<'_>,
     ) -> Result<ops::ProbeDir, ops::PrepareError> {
         let mode = self.lane().mode;
-        rec.begin(mode, Op::Prepare);
         let t0 = Instant::now();
+        rec.begin(mode, Op::Prepare, t0);
         let r = ops::open_probe_dir(&self.target.target.path, want_id);
+        let t1 = Instant::now();
         rec.end(
             mode,
             Op::Prepare,
-            t0.elapsed(),
+            t1.saturating_duration_since(t0),
             r.as_ref().err().map(|e| e.failure),
+            t1,
         );
         r
     }
@@ -459,6 +486,31 @@ mod tests {
         }
         let ids: Vec<usize> = shared.lanes.iter().map(|l| l.id).collect();
         assert_eq!(ids, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_cycle_reads_the_wall_clock_once_unless_told_to_read_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (w, shared, ctx) = workers(target(dir.path(), false));
+        let rec = Recorder {
+            target: &shared,
+            lane: &shared.lanes[0],
+            ctx: &ctx,
+            series: &w[0].series,
+            history: None,
+            seq: Cell::new(0),
+            wall: Cell::new(None),
+        };
+        let t0 = Instant::now();
+        let before = SystemTime::now();
+        let w0 = rec.wall_at(t0, false);
+        assert!(w0 >= before && w0 <= SystemTime::now());
+        let later = t0 + Duration::from_millis(5);
+        assert_eq!(rec.wall_at(later, false), w0 + Duration::from_millis(5));
+        // Read again: the wall clock itself, and the new anchor.
+        let w1 = rec.wall_at(later, true);
+        assert!(w1 >= w0 && w1 <= SystemTime::now());
+        assert_eq!(rec.wall.get(), Some((later, w1)));
     }
 
     #[test]
