@@ -235,10 +235,10 @@ impl Live {
 }
 
 impl Observer for Live {
-    fn begin(&self, mode: Mode, op: Op) {
+    fn begin(&self, mode: Mode, op: Op, _: Instant) {
         self.enter(key_of(&self.keys, mode, op));
     }
-    fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>) {
+    fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>, _: Instant) {
         self.leave();
     }
 }

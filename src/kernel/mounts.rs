@@ -200,6 +200,50 @@ impl MountTable {
     }
 }
 
+/// One thread's own descriptor of `PROC/self/mountinfo`, polled without a lock: the kernel
+/// keeps the "changed" mark per open file and clears it at the poll that reports it, so a
+/// shared descriptor would tell only one of its pollers. A thread that hears of a change
+/// from its own asks the shared [`MountTable`], whose descriptor is polled and read under
+/// its lock.
+pub struct MountWatch {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl MountWatch {
+    /// A watch on `PROC/self/mountinfo`, opened on first use.
+    pub fn new(proc_root: &Path) -> MountWatch {
+        MountWatch {
+            path: proc_root.join("self/mountinfo"),
+            file: None,
+        }
+    }
+
+    /// False while the mounts are the same as at the last call; true when they changed,
+    /// at the first call (the descriptor is opened then: changes from there on are
+    /// seen), and whenever the kernel cannot be asked.
+    pub fn changed(&mut self) -> bool {
+        let Some(f) = &self.file else {
+            self.file = std::fs::File::open(&self.path).ok();
+            return true;
+        };
+        let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::PRI)];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(0) => false,
+            // POLLERR|POLLPRI: changed. An error: open anew next time.
+            Ok(_) => true,
+            Err(_) => {
+                self.file = None;
+                true
+            }
+        }
+    }
+}
+
 /// The mount that `path` (absolute, symlinks resolved) lives on: the entry with the
 /// longest mount point that contains it, the last such entry when mounts are stacked.
 pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
@@ -300,5 +344,21 @@ mod tests {
                 "{bad:?} was accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_watch_says_changed_first_then_only_when_the_kernel_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        // A regular file never signals POLLPRI: after the first call, nothing changed.
+        std::fs::create_dir(dir.path().join("self")).unwrap();
+        std::fs::write(dir.path().join("self/mountinfo"), "").unwrap();
+        let mut w = MountWatch::new(dir.path());
+        assert!(w.changed(), "the first call: the table has to be read");
+        assert!(!w.changed());
+        assert!(!w.changed());
+        // Nothing to watch: every call says changed, so the table is always asked.
+        let mut missing = MountWatch::new(&dir.path().join("nowhere"));
+        assert!(missing.changed());
+        assert!(missing.changed());
     }
 }

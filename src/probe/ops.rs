@@ -41,19 +41,21 @@ impl fmt::Display for OpError {
     }
 }
 
-/// Receives every timed operation: `begin` right before the system call, `end` right
-/// after it with the elapsed time, whether it succeeded or not.
+/// Receives every timed operation: `begin` right before the system call with the time
+/// it starts, `end` right after it with the elapsed time and the time it returned, whether
+/// it succeeded or not. The times are the timer's own clock reads, so an observer needs
+/// none of its own.
 pub trait Observer {
-    fn begin(&self, mode: Mode, op: Op);
-    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>);
+    fn begin(&self, mode: Mode, op: Op, started: Instant);
+    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>, ended: Instant);
 }
 
 /// An observer that records nothing.
 pub struct NoObserver;
 
 impl Observer for NoObserver {
-    fn begin(&self, _: Mode, _: Op) {}
-    fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>) {}
+    fn begin(&self, _: Mode, _: Op, _: Instant) {}
+    fn end(&self, _: Mode, _: Op, _: Duration, _: Option<Failure>, _: Instant) {}
 }
 
 /// The open probe directory of one cycle.
@@ -308,7 +310,7 @@ pub type Latencies = Vec<(Op, Duration)>;
 struct Timer<'a> {
     mode: Mode,
     obs: &'a dyn Observer,
-    done: Latencies,
+    done: &'a mut Latencies,
 }
 
 impl Timer<'_> {
@@ -320,12 +322,15 @@ impl Timer<'_> {
         context: impl FnOnce() -> String,
         f: impl FnOnce() -> Result<T, Failure>,
     ) -> Result<T, OpError> {
-        self.obs.begin(self.mode, op);
+        // Two clock reads per call, as the floor program makes (bench/floor.c): the
+        // in-flight slot, the latency and the observer's time stamps all use them.
         let t0 = Instant::now();
+        self.obs.begin(self.mode, op, t0);
         let r = f();
-        let elapsed = t0.elapsed();
+        let t1 = Instant::now();
+        let elapsed = t1.saturating_duration_since(t0);
         self.obs
-            .end(self.mode, op, elapsed, r.as_ref().err().copied());
+            .end(self.mode, op, elapsed, r.as_ref().err().copied(), t1);
         match r {
             Ok(v) => {
                 if op != Op::Prepare {
@@ -493,11 +498,22 @@ pub fn run_mode(
     spec: &CycleSpec,
     obs: &dyn Observer,
 ) -> Result<Latencies, OpError> {
-    let mut t = Timer {
-        mode,
-        obs,
-        done: Vec::with_capacity(5),
-    };
+    let mut done = Vec::with_capacity(5);
+    run_mode_into(mode, dir, spec, obs, &mut done)?;
+    Ok(done)
+}
+
+/// [`run_mode`] into the caller's `done` (cleared first), which a lane keeps from cycle
+/// to cycle: no allocation per cycle.
+pub fn run_mode_into(
+    mode: Mode,
+    dir: &ProbeDir,
+    spec: &CycleSpec,
+    obs: &dyn Observer,
+    done: &mut Latencies,
+) -> Result<(), OpError> {
+    done.clear();
+    let mut t = Timer { mode, obs, done };
     let fill = (spec.seq % 251) as u8 + 1;
     match mode {
         Mode::Create => {
@@ -668,7 +684,7 @@ pub fn run_mode(
             )?;
         }
     }
-    Ok(t.done)
+    Ok(())
 }
 
 /// Opens the append log for appending (creating it when missing); when the next write

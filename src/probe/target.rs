@@ -167,7 +167,7 @@ impl TargetShared {
             .collect();
         metrics.add_target(&target, &ops);
         let series = metrics.target_series(&target.name);
-        let start = Instant::now();
+        let start = grid_start(Instant::now(), target.interval);
         let n = target.modes.len() as u32;
         let lanes = target
             .modes
@@ -435,6 +435,20 @@ impl TargetShared {
     }
 }
 
+/// The start of the lanes' schedule of a target created at `now`: the last point at or
+/// before `now` of a grid of `interval` steps shared by every target of the process.
+/// Targets with the same interval then wake at the same instants, as one timer expiry,
+/// instead of microseconds apart (each wake-up landing while another lane runs and
+/// preempting it). A lane whose first due time has passed runs at once, as before.
+fn grid_start(now: Instant, interval: Duration) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(|| now);
+    let since = now.saturating_duration_since(epoch).as_nanos();
+    let step = interval.as_nanos().max(1);
+    // Whole steps: at most a few hundred years of nanoseconds, well within u64.
+    epoch + Duration::from_nanos((since - since % step) as u64)
+}
+
 impl Lane {
     /// Counts the cycles that came due while the previous one is still running. Called by
     /// the watchdog (live, while a call is blocked) and by the lane after a cycle; the
@@ -447,13 +461,28 @@ impl Lane {
         if !s.running {
             return None;
         }
+        self.skip_due(&mut s, now, interval);
+        Some(s.next_due)
+    }
+
+    /// The lane's cycle ended: counts the cycles that came due while it ran, as
+    /// `count_overdue`, and marks the lane idle under the same lock (so no due time
+    /// passes in between); returns when the next cycle is due.
+    pub(super) fn end_cycle(&self, interval: Duration) -> Instant {
+        let now = Instant::now();
+        let mut s = lock(&self.sched);
+        self.skip_due(&mut s, now, interval);
+        s.running = false;
+        s.next_due
+    }
+
+    fn skip_due(&self, s: &mut Sched, now: Instant, interval: Duration) {
         while s.next_due <= now {
             s.next_due += interval;
             for c in &self.skipped_in_flight {
                 c.inc();
             }
         }
-        Some(s.next_due)
     }
 }
 

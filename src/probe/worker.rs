@@ -2,6 +2,7 @@
 //! (`ops.rs`) and reports it to the in-flight slot, the histograms, the history and the
 //! stall log.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +15,7 @@ use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::history::TargetHistory;
+use crate::kernel::mounts::MountWatch;
 use crate::stall::log::{FinishedCall, LaneKey};
 
 /// Reports each timed call to the in-flight slot, the histogram and the stall log.
@@ -23,15 +25,34 @@ struct Recorder<'a> {
     ctx: &'a Context,
     series: &'a LaneSeries,
     history: Option<&'a TargetHistory>,
-    seq: std::cell::Cell<u64>,
+    seq: Cell<u64>,
+    /// A wall-clock time and the monotonic time it was read at, once per cycle: the
+    /// wall time of each call's end is derived from it, not read again per call.
+    wall: Cell<Option<(Instant, SystemTime)>>,
+}
+
+impl Recorder<'_> {
+    /// The wall-clock time at monotonic time `at`, from the cycle's one reading of the
+    /// wall clock (the first call that asks reads it). `fresh` reads it again, after a
+    /// call that took long enough for the wall clock to have been set meanwhile.
+    fn wall_at(&self, at: Instant, fresh: bool) -> SystemTime {
+        match self.wall.get() {
+            Some((t0, w0)) if !fresh && at >= t0 => w0 + (at - t0),
+            _ => {
+                let now = SystemTime::now();
+                self.wall.set(Some((at, now)));
+                now
+            }
+        }
+    }
 }
 
 impl Observer for Recorder<'_> {
-    fn begin(&self, mode: Mode, op: Op) {
-        self.seq.set(self.lane.inflight.begin(mode, op));
+    fn begin(&self, mode: Mode, op: Op, started: Instant) {
+        self.seq.set(self.lane.inflight.begin_at(mode, op, started));
     }
 
-    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>) {
+    fn end(&self, mode: Mode, op: Op, elapsed: Duration, failure: Option<Failure>, ended: Instant) {
         self.lane.inflight.end();
         if self.target.stop.is_set() {
             // Removed by a reload (its series are gone) or shutting down: record nothing.
@@ -62,7 +83,8 @@ impl Observer for Recorder<'_> {
             })
             .flatten();
         if failure.is_none() && op != Op::Prepare {
-            let now = SystemTime::now();
+            // A stall's exemplar carries the wall clock read when it returned.
+            let now = self.wall_at(ended, stall_id.is_some() || elapsed >= t.stall_threshold);
             self.series
                 .observe(op, elapsed, stall_id.map(|id| (id, now)));
             if let Some(h) = self.history {
@@ -89,6 +111,13 @@ pub struct Worker {
     /// The last mount check that passed: the mount table's generation it was made in,
     /// whether the mount is read-only, and the mount id the probe directory must be on.
     mount_ok: Option<(u64, bool, Option<u64>)>,
+    /// The lane's own watch on the mounts, polled each cycle without a lock; the shared
+    /// table is asked only when it says they changed.
+    mount_watch: MountWatch,
+    /// The mount table's generation as of the last change the watch reported.
+    generation: Option<u64>,
+    /// The latencies of the cycle, kept from cycle to cycle (no allocation per cycle).
+    latencies: ops::Latencies,
 }
 
 impl Worker {
@@ -106,6 +135,7 @@ impl Worker {
         let l = &target.lanes[lane];
         let series = ctx.metrics.lane_series(&target.target.name, l.mode, l.ops);
         let history = ctx.history.target(target.index);
+        let mount_watch = MountWatch::new(&ctx.roots.proc_root);
         Worker {
             target,
             lane,
@@ -116,6 +146,9 @@ impl Worker {
             series,
             history,
             mount_ok: None,
+            mount_watch,
+            generation: None,
+            latencies: Vec::with_capacity(5),
         }
     }
 
@@ -128,8 +161,8 @@ impl Worker {
         // Other threads sample this thread's wait point while a call is blocked.
         self.lane().waits.set_tid_here();
         let interval = self.target.target.interval;
+        let mut due = lock(&self.lane().sched).next_due;
         loop {
-            let due = lock(&self.lane().sched).next_due;
             if self.target.stop.sleep_until(due) {
                 break;
             }
@@ -139,8 +172,7 @@ impl Worker {
                 s.next_due += interval;
             }
             self.cycle();
-            self.lane().count_overdue(interval);
-            lock(&self.lane().sched).running = false;
+            due = self.lane().end_cycle(interval);
         }
         self.cleanup();
     }
@@ -155,7 +187,14 @@ impl Worker {
         // While the mount table is the one the last check passed in, the check would
         // find the same mount again (its path, mount and expected filesystem are kept
         // per generation): reuse its result rather than copy the mount out each cycle.
-        let generation = self.ctx.mount_generation();
+        // The lanes wake together: polling the shared table's descriptor under its lock
+        // made them queue for it (a futex wait and a context switch each time two
+        // met). The lane's own descriptor tells it without a lock whether the table
+        // has to be asked; it is opened before the first ask, so no change is missed.
+        if self.mount_watch.changed() || self.generation.is_none() {
+            self.generation = self.ctx.mount_generation();
+        }
+        let generation = self.generation;
         let (mount_read_only, want_id) = match self.mount_ok {
             Some((g, ro, id)) if Some(g) == generation => (ro, id),
             _ => match target.check_mount(&self.ctx.mounts) {
@@ -198,7 +237,8 @@ impl Worker {
             ctx: &self.ctx,
             series: &self.series,
             history: self.history.as_deref(),
-            seq: std::cell::Cell::new(0),
+            seq: Cell::new(0),
+            wall: Cell::new(None),
         };
         let result = match self.open_dir(want_id, &rec) {
             Ok(dir) => {
@@ -221,7 +261,7 @@ impl Worker {
                     }
                     self.cleaned_leftovers = true;
                 }
-                ops::run_mode(mode, &dir, &spec, &rec).map(|_| ())
+                ops::run_mode_into(mode, &dir, &spec, &rec, &mut self.latencies)
             }
             Err(e) => Err(OpError {
                 mode,
@@ -264,14 +304,16 @@ impl Worker {
         rec: &Recorder<'_>,
     ) -> Result<ops::ProbeDir, ops::PrepareError> {
         let mode = self.lane().mode;
-        rec.begin(mode, Op::Prepare);
         let t0 = Instant::now();
+        rec.begin(mode, Op::Prepare, t0);
         let r = ops::open_probe_dir(&self.target.target.path, want_id);
+        let t1 = Instant::now();
         rec.end(
             mode,
             Op::Prepare,
-            t0.elapsed(),
+            t1.saturating_duration_since(t0),
             r.as_ref().err().map(|e| e.failure),
+            t1,
         );
         r
     }
@@ -444,6 +486,45 @@ mod tests {
         }
         let ids: Vec<usize> = shared.lanes.iter().map(|l| l.id).collect();
         assert_eq!(ids, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_cycle_reads_the_wall_clock_once_unless_told_to_read_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (w, shared, ctx) = workers(target(dir.path(), false));
+        let rec = Recorder {
+            target: &shared,
+            lane: &shared.lanes[0],
+            ctx: &ctx,
+            series: &w[0].series,
+            history: None,
+            seq: Cell::new(0),
+            wall: Cell::new(None),
+        };
+        let t0 = Instant::now();
+        let before = SystemTime::now();
+        let w0 = rec.wall_at(t0, false);
+        assert!(w0 >= before && w0 <= SystemTime::now());
+        let later = t0 + Duration::from_millis(5);
+        assert_eq!(rec.wall_at(later, false), w0 + Duration::from_millis(5));
+        // Read again: the wall clock itself, and the new anchor.
+        let w1 = rec.wall_at(later, true);
+        assert!(w1 >= w0 && w1 <= SystemTime::now());
+        assert_eq!(rec.wall.get(), Some((later, w1)));
+    }
+
+    #[test]
+    fn targets_with_the_same_interval_wake_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_w, a, _ctx) = workers(target(dir.path(), false));
+        std::thread::sleep(Duration::from_millis(3));
+        let (_w, b, _ctx) = workers(target(dir.path(), false));
+        let due = |t: &TargetShared| lock(&t.lanes[0].sched).next_due;
+        let (da, db) = (due(&a), due(&b));
+        assert!(db <= Instant::now(), "the first cycle is due at once");
+        let interval = a.target.interval.as_nanos();
+        let apart = (db.max(da) - db.min(da)).as_nanos();
+        assert_eq!(apart % interval, 0, "{apart} ns apart, not on one grid");
     }
 
     #[test]

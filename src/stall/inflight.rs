@@ -15,9 +15,9 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-/// Nanoseconds since the process epoch, plus one so that 0 can mean "nothing".
-fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64 + 1
+/// Nanoseconds from the process epoch to `t`, plus one so that 0 can mean "nothing".
+fn ns_of(t: Instant) -> u64 {
+    t.saturating_duration_since(epoch()).as_nanos() as u64 + 1
 }
 
 /// The operation a probe thread has in flight, as other threads see it.
@@ -40,13 +40,19 @@ pub struct InflightSlot {
 }
 
 impl InflightSlot {
-    /// Marks `op` of `mode` as entering the kernel; returns its sequence number.
+    /// Marks `op` of `mode` as entering the kernel now; returns its sequence number.
     pub fn begin(&self, mode: Mode, op: Op) -> u64 {
+        self.begin_at(mode, op, Instant::now())
+    }
+
+    /// Marks `op` of `mode` as entering the kernel at `started` (the caller's timer
+    /// read the clock already); returns its sequence number.
+    pub fn begin_at(&self, mode: Mode, op: Op, started: Instant) -> u64 {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         // Discriminants are the positions in VARIANTS (declaration order): no search.
         let what = ((mode as u64) << 8) | op as u64;
         self.what.store(what, Ordering::Relaxed);
-        self.started.store(now_ns(), Ordering::Release);
+        self.started.store(ns_of(started), Ordering::Release);
         seq
     }
 
