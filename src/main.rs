@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing::info;
 
 use stallwatch::agent;
-use stallwatch::agent::resident;
+use stallwatch::agent::{files, resident};
 use stallwatch::cli::probe::{self, ProbeArgs};
 use stallwatch::config::{self, Config, ConfigError};
 use stallwatch::http::server::{self, WebConfig, WebConfigError};
@@ -120,6 +120,14 @@ fn main() -> ExitCode {
             init_logging(cli.log_level, cli.log_format);
             // First, before any thread exists (see resident.rs).
             let memory_lock = resident::lock(cli.memory_lock);
+            let (soft_before, soft) = files::raise_limit();
+            if soft_before != soft {
+                tracing::info!(
+                    before = soft_before,
+                    now = soft,
+                    "open-file limit raised to the hard limit (one descriptor per probe lane)"
+                );
+            }
             // Also before any thread: it removes LISTEN_* from the environment.
             let sockets = match cli
                 .web_systemd_socket

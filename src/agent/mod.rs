@@ -2,6 +2,7 @@
 //! serves HTTP until SIGTERM/SIGINT, reloads the configuration on SIGHUP, then shuts
 //! down without waiting on its own locks.
 
+pub mod files;
 #[doc(hidden)]
 pub mod fixture;
 pub mod reload;
