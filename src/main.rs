@@ -119,6 +119,7 @@ fn main() -> ExitCode {
         None => {
             init_logging(cli.log_level, cli.log_format);
             // First, before any thread exists (see resident.rs).
+            resident::fixed_mmap_threshold();
             let memory_lock = resident::lock(cli.memory_lock);
             let (soft_before, soft) = files::raise_limit();
             if soft_before != soft {
