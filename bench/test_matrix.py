@@ -66,12 +66,19 @@ class Tables(unittest.TestCase):
         self.assertIn("agent device_queue at submit_bio_wait, kernel writeback_wait", t.notes[1])
 
 
+def sysctl_files(d, values):
+    """Four files standing for vm.dirty_{ratio,bytes,background_ratio,background_bytes},
+    holding `values` as procfs writes them (a newline after each)."""
+    files = [Path(d) / n for n in ("ratio", "bytes", "bg_ratio", "bg_bytes")]
+    for f, v in zip(files, values):
+        f.write_text(v + "\n")
+    return files
+
+
 class RestoreDirty(unittest.TestCase):
     def test_the_nonzero_one_of_each_pair_is_written_back(self):
         with tempfile.TemporaryDirectory() as d:
-            files = [Path(d) / n for n in ("ratio", "bytes", "bg_ratio", "bg_bytes")]
-            for f, v in zip(files, ("0", "16777216", "0", "8388608")):
-                f.write_text(v + "\n")
+            files = sysctl_files(d, ("0", "16777216", "0", "8388608"))
             with mock.patch.object(matrix, "DIRTY", files):
                 matrix.restore_dirty(["20", "0", "0", "4194304"])
             self.assertEqual(files[0].read_text(), "20")
@@ -80,9 +87,7 @@ class RestoreDirty(unittest.TestCase):
 
     def test_nothing_is_written_when_nothing_changed(self):
         with tempfile.TemporaryDirectory() as d:
-            files = [Path(d) / n for n in ("a", "b", "c", "d")]
-            for f, v in zip(files, ("20", "0", "10", "0")):
-                f.write_text(v + "\n")
+            files = sysctl_files(d, ("20", "0", "10", "0"))
             with mock.patch.object(matrix, "DIRTY", files):
                 matrix.restore_dirty(["20", "0", "10", "0"])
             self.assertEqual(files[0].read_text(), "20\n")

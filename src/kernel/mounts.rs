@@ -151,18 +151,8 @@ impl MountTable {
         use std::io::{Read, Seek};
         let changed = match &self.file {
             None => true,
-            Some(f) => {
-                let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::PRI)];
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                match rustix::event::poll(&mut fds, Some(&zero)) {
-                    Ok(0) => false,
-                    // POLLERR|POLLPRI: changed. Any other answer: re-read to be safe.
-                    _ => true,
-                }
-            }
+            // Changed, or the kernel cannot be asked: re-read to be safe.
+            Some(f) => poll_changed(f).unwrap_or(true),
         };
         if !changed {
             return Ok(&self.mounts);
@@ -200,6 +190,18 @@ impl MountTable {
     }
 }
 
+/// Whether the mounts changed since this descriptor of `mountinfo` was last polled: the
+/// kernel marks each open file POLLERR|POLLPRI at a change of the mount namespace and
+/// clears the mark at the poll that reports it. Does not wait.
+fn poll_changed(f: &std::fs::File) -> rustix::io::Result<bool> {
+    let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::PRI)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).map(|n| n != 0)
+}
+
 /// One thread's own descriptor of `PROC/self/mountinfo`, polled without a lock: the kernel
 /// keeps the "changed" mark per open file and clears it at the poll that reports it, so a
 /// shared descriptor would tell only one of its pollers. A thread that hears of a change
@@ -227,15 +229,9 @@ impl MountWatch {
             self.file = std::fs::File::open(&self.path).ok();
             return true;
         };
-        let mut fds = [rustix::event::PollFd::new(f, rustix::event::PollFlags::PRI)];
-        let zero = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        match rustix::event::poll(&mut fds, Some(&zero)) {
-            Ok(0) => false,
-            // POLLERR|POLLPRI: changed. An error: open anew next time.
-            Ok(_) => true,
+        match poll_changed(f) {
+            Ok(changed) => changed,
+            // An error: open anew next time.
             Err(_) => {
                 self.file = None;
                 true
