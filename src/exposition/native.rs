@@ -67,7 +67,7 @@ pub fn index(v: f64, schema: i8) -> i32 {
         let shift = -i32::from(schema);
         (e + (1 << shift) - 1) >> shift
     } else {
-        (v.log2() * f64::from(1u32 << schema)).ceil() as i32
+        (libm::log2(v) * f64::from(1u32 << schema)).ceil() as i32
     }
 }
 
@@ -156,6 +156,30 @@ mod tests {
                 ub(i - 1) < v && v <= ub(i) * (1.0 + 1e-12),
                 "{v} in bucket {i}"
             );
+        }
+    }
+
+    #[test]
+    fn indexes_as_the_c_librarys_log2_gives_them() {
+        // The probes' readings are whole nanoseconds: 1 ns to ~300 s, log-spaced, and
+        // the nanoseconds on either side of each schema-3 bound.
+        let mut ns = 1u64;
+        let mut readings = Vec::new();
+        while ns < 300_000_000_000 {
+            readings.push(ns);
+            ns += ns / 64 + 1;
+        }
+        for i in -240..70 {
+            let bound = (f64::from(i) / 8.0).exp2() * 1e9;
+            let b = bound as u64;
+            readings.extend([b.saturating_sub(1), b, b + 1]);
+        }
+        for ns in readings.into_iter().filter(|&n| n > 0) {
+            let v = ns as f64 / 1e9;
+            for schema in 1..=3 {
+                let c = (v.log2() * f64::from(1u32 << schema)).ceil() as i32;
+                assert_eq!(index(v, schema), c, "{ns} ns at schema {schema}");
+            }
         }
     }
 

@@ -9,7 +9,7 @@ pub(super) fn round_sig(v: f32, digits: i32) -> f32 {
     if v == 0.0 || !v.is_finite() {
         return v;
     }
-    let scale = 10f64.powi(digits - 1 - (v.abs() as f64).log10().floor() as i32);
+    let scale = 10f64.powi(digits - 1 - libm::log10(v.abs() as f64).floor() as i32);
     ((v as f64 * scale).round() / scale) as f32
 }
 

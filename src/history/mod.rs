@@ -92,6 +92,18 @@ mod tests {
     }
 
     #[test]
+    fn rounding_as_with_the_c_librarys_log10() {
+        // Every 101st positive finite f32: the decade from libm's log10 is the C
+        // library's.
+        for bits in (1..0x7f80_0000u32).step_by(101) {
+            let v = f32::from_bits(bits);
+            let scale = 10f64.powi(2 - (v as f64).log10().floor() as i32);
+            let c = ((v as f64 * scale).round() / scale) as f32;
+            assert_eq!(round_sig(v, 3).to_bits(), c.to_bits(), "{v}");
+        }
+    }
+
+    #[test]
     fn codes_keep_a_latency_within_a_2048th_of_itself() {
         let mut x = 0x2545_f491_4f6c_dd1d;
         for _ in 0..200_000 {

@@ -80,7 +80,7 @@ pub fn worst_level(max: f32, threshold: f64) -> i64 {
     if max.is_nan() || max <= 0.0 || threshold <= 0.0 {
         return -60;
     }
-    let l = (10.0 * (max as f64 / threshold).log10()).floor();
+    let l = (10.0 * libm::log10(max as f64 / threshold)).floor();
     l.clamp(-60.0, 60.0) as i64
 }
 
@@ -385,6 +385,14 @@ mod tests {
         assert_eq!(worst_level(1e9, 1.0), 60);
         assert_eq!(worst_level(0.0, 1.0), -60);
         assert_eq!(worst_level(f32::NAN, 1.0), -60);
+        // As with the C library's log10, a latency every 1009th f32 against three thresholds.
+        for threshold in [1.0, 5.0, 0.3] {
+            for bits in (1..0x7f80_0000u32).step_by(1009) {
+                let max = f32::from_bits(bits);
+                let c = (10.0 * (max as f64 / threshold).log10()).floor();
+                assert_eq!(worst_level(max, threshold), c.clamp(-60.0, 60.0) as i64);
+            }
+        }
         assert_eq!(strip_step(3600), 30);
         assert_eq!(strip_step(300), 3);
         assert_eq!(strip_step(60), 1);
