@@ -80,17 +80,24 @@ pub(super) struct LaneState {
 
 /// One (target, mode): its own thread, schedule, in-flight slot, skips and outcome. A
 /// lane blocked in the kernel holds nothing the other lanes of its target need.
+///
+/// Laid out by hand, a cache line each: the in-flight slot and the schedule (written by
+/// the lane at every call and cycle, read by the watchdog at every look) share the
+/// first, the outcome and what the lane reads of itself each cycle the second. After a
+/// second asleep these lines are cold; fewer of them is fewer misses. A lane's lines
+/// are its own, not shared with the other lanes of the target.
+#[repr(C, align(64))]
 pub struct Lane {
+    pub inflight: InflightSlot,
+    pub(super) sched: Mutex<Sched>,
+    pub mode: Mode,
+    pub(super) state: Mutex<LaneState>,
     /// Unique among all lanes of the agent.
     pub id: usize,
-    pub mode: Mode,
     /// The ops this lane times, in order.
     pub ops: &'static [Op],
-    pub inflight: InflightSlot,
     /// The lane thread's id and the wait-point samples of its blocked call.
     pub waits: LaneWaits,
-    pub(super) sched: Mutex<Sched>,
-    pub(super) state: Mutex<LaneState>,
     /// `stallwatch_probes_skipped_total{reason="in_flight"}` of the target, and the
     /// lane's own counter of the same.
     skipped_in_flight: [IntCounter; 2],
@@ -418,6 +425,8 @@ impl TargetShared {
             st.last_success = Some(now);
             self.series.succeeded_at(now);
         }
+        // Up already (every cycle of a healthy target): no second lock to find it so.
+        let up_already = all_ok && st.state == State::Up;
         drop(st);
         // Once per change, like the state: a read-only filesystem stays so for hours.
         if read_only && !was_read_only {
@@ -428,7 +437,9 @@ impl TargetShared {
                 "the filesystem is writable again");
         }
         if all_ok {
-            self.set_state(State::Up);
+            if !up_already {
+                self.set_state(State::Up);
+            }
         } else if !failing.is_empty() {
             self.set_state_quiet(State::Failing(failing.join("; ")));
         }

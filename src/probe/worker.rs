@@ -514,6 +514,16 @@ mod tests {
     }
 
     #[test]
+    fn a_lanes_slot_and_schedule_share_one_cache_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Lane>(), 64);
+        let sched_end =
+            offset_of!(Lane, sched) + size_of::<std::sync::Mutex<super::super::target::Sched>>();
+        assert!(sched_end <= offset_of!(Lane, mode) && offset_of!(Lane, mode) < 64);
+        assert_eq!(offset_of!(Lane, inflight), 0);
+    }
+
+    #[test]
     fn targets_with_the_same_interval_wake_together() {
         let dir = tempfile::tempdir().unwrap();
         let (_w, a, _ctx) = workers(target(dir.path(), false));
