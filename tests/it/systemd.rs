@@ -751,6 +751,112 @@ fn debian_package_under_real_systemd() {
     );
     assert_eq!(main_pid(), pid_before, "reload restarted the agent");
 
+    // At scale under the unit's own limits (TasksMax=, LimitMEMLOCK=, MemoryMax=): 64 more
+    // targets with the default modes, directories on the array, added by a reload. Every
+    // lane is a thread of its own; all of them must start, and the lock must hold.
+    let reload_ok = |after: f64| {
+        sys.sh_ok(30, "systemctl reload stallwatch.service");
+        wait_until(Duration::from_secs(15), Duration::from_millis(200), || {
+            sys.metrics().is_some_and(|m| {
+                m.get(
+                    "stallwatch_config_last_reload_success_timestamp_seconds",
+                    &[],
+                )
+                .is_some_and(|t| t > after)
+            })
+        })
+    };
+    let last_reload = || {
+        sys.metrics()
+            .unwrap()
+            .get(
+                "stallwatch_config_last_reload_success_timestamp_seconds",
+                &[],
+            )
+            .unwrap()
+    };
+    let one_target = std::fs::read_to_string(&cfg).unwrap();
+    let mut scaled = one_target.clone();
+    for i in 0..64 {
+        scaled.push_str(&format!(
+            "  - path: /srv/raid0/w{i}\n    name: w{i}\n    interval: 1s\n    require_mountpoint: false\n"
+        ));
+    }
+    std::fs::write(&cfg, scaled).unwrap();
+    sys.sh_ok(
+        20,
+        "for i in $(seq 0 63); do \
+           install -d -o stallwatch -g stallwatch -m 0700 /srv/raid0/w$i/.stallwatch; done",
+    );
+    let before = last_reload();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(
+        reload_ok(before),
+        "the reload to 65 targets failed:\n{}",
+        sys.journal("stallwatch")
+    );
+    let all_up = wait_until(Duration::from_secs(30), Duration::from_millis(500), || {
+        sys.metrics()
+            .is_some_and(|m| (0..64).all(|i| target_up(&m, &format!("w{i}")) == Some(1.0)))
+    });
+    let status = sys.sh_ok(10, &format!("cat /proc/{}/status", main_pid()));
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{status}"))
+    };
+    let (threads, lck, rss) = (field("Threads:"), field("VmLck:"), field("VmRSS:"));
+    let tasks = sys.sh_ok(
+        10,
+        "systemctl show -p TasksCurrent -p TasksMax --value stallwatch.service",
+    );
+    eprintln!(
+        "65 targets under the unit: {threads} threads, VmLck {lck} KiB, VmRSS {rss} KiB; \
+         TasksCurrent/TasksMax {}",
+        tasks.split_whitespace().collect::<Vec<_>>().join("/")
+    );
+    assert!(
+        all_up,
+        "not all 64 added targets are up under TasksMax=/LimitMEMLOCK=:\n{}",
+        sys.journal("stallwatch")
+    );
+    // Two lanes per target, each a thread, beside the fixed few.
+    assert!(threads >= 65 * 2, "{threads} threads for 130 lanes");
+    let still_locked = sys
+        .metrics()
+        .and_then(|m| m.get("stallwatch_memory_locked", &[]))
+        .unwrap();
+    assert_eq!(
+        still_locked, locked,
+        "the memory lock changed with 65 targets"
+    );
+    if locked == 1.0 {
+        assert!(lck > 0, "reports locked, but VmLck {lck} kB");
+    }
+    assert_eq!(
+        main_pid(),
+        pid_before,
+        "the reload to 65 targets restarted the agent"
+    );
+    // Back to the one array target for what follows.
+    std::fs::write(&cfg, &one_target).unwrap();
+    let before = last_reload();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(
+        reload_ok(before),
+        "the reload back to one target failed:\n{}",
+        sys.journal("stallwatch")
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), Duration::from_millis(250), || {
+            sys.metrics().is_some_and(|m| target_up(&m, "w0").is_none())
+        }),
+        "the 64 added targets were not retired"
+    );
+
     // The stall record across an upgrade: a freeze of the array makes a stall, which
     // the agent writes under /var/lib/stallwatch (StateDirectory=); the same binary
     // packaged again with a higher version is installed over it (dpkg restarts the
