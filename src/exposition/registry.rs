@@ -20,7 +20,11 @@ use crate::exposition::family::{escape, header, sample, Dialect, Family};
 pub struct Registry {
     crate_families: prometheus::Registry,
     direct: Mutex<Vec<Arc<dyn Family>>>,
+    /// Run before each encoding: the probe lanes record the calls they hold.
+    before: Mutex<Vec<BeforeEncode>>,
 }
+
+type BeforeEncode = Box<dyn Fn() + Send + Sync>;
 
 impl Registry {
     pub fn new() -> Registry {
@@ -43,6 +47,17 @@ impl Registry {
         );
         direct.push(f);
         direct.sort_by(|a, b| a.name().cmp(b.name()));
+    }
+
+    /// Runs `f` before each encoding, so what the families hold is current.
+    pub fn before_encode(&self, f: impl Fn() + Send + Sync + 'static) {
+        lock(&self.before).push(Box::new(f));
+    }
+
+    fn run_before(&self) {
+        for f in lock(&self.before).iter() {
+            f();
+        }
     }
 }
 
@@ -146,6 +161,7 @@ static LAST_PB_LEN: AtomicUsize = AtomicUsize::new(0);
 /// agent's histograms are all [`Family`]s), ours with their own writer.
 pub fn encode_protobuf(r: &Registry) -> Vec<u8> {
     use prometheus::Encoder as _;
+    r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
     let mut out = Vec::with_capacity(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
@@ -182,6 +198,7 @@ pub fn encode_openmetrics(r: &Registry) -> String {
 }
 
 fn encode_in(r: &Registry, dialect: Dialect) -> String {
+    r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
     let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);

@@ -376,6 +376,7 @@ impl ProbeMetrics {
 /// The series of one lane, as `ProbeMetrics::lane_series` looked them up. A reload
 /// that removes the target removes the series from the families; a lane of a removed
 /// target writes nothing after its stop, so these never bring one back.
+#[derive(Clone)]
 pub(super) struct LaneSeries {
     duration: Vec<(Op, HistogramSeries)>,
     cycles: IntCounter,

@@ -9,7 +9,7 @@
 //! short-held locks that are never held across a system call on the probed filesystem.
 //!
 //! `target` holds what other threads share with a target's lanes, `worker` is a lane's
-//! thread, `ops` the system calls of each mode, `metrics` and `scrape` the probe metric
+//! thread, `pending` the calls it has timed and not yet recorded, `ops` the system calls of each mode, `metrics` and `scrape` the probe metric
 //! families, `supervisor` the running targets and reloads, `devices` the target → device
 //! registry, `watchdog` the thread that
 //! watches the lanes' in-flight slots.
@@ -17,6 +17,7 @@
 pub mod devices;
 mod metrics;
 pub mod ops;
+mod pending;
 mod scrape;
 pub mod supervisor;
 mod target;

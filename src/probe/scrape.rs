@@ -14,8 +14,11 @@ use crate::exposition::registry::Registry;
 use crate::stall::waits::sampling_point;
 
 /// Registers `stallwatch_probe_inflight_seconds` and `stallwatch_probe_blocked_cause`,
-/// computed from the targets probed at each scrape.
+/// computed from the targets probed at each scrape; and, before each scrape, the
+/// recording of the calls the lanes hold (`pending.rs`).
 pub fn register_inflight(r: &Registry, targets: Arc<Targets>) {
+    let lanes = Arc::clone(&targets);
+    r.before_encode(move || lanes.fold_pending());
     r.register_family(Arc::new(Inflight {
         targets: Arc::clone(&targets),
     }));

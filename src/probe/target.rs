@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::devices::Devices;
 use super::metrics::{ProbeMetrics, SkipReason, TargetSeries};
+use super::pending::Pending;
 use crate::base::labels::{ops_of, Mode, Op};
 use crate::base::sync::{lock, Shutdown};
 use crate::config::Target;
@@ -101,6 +102,8 @@ pub struct Lane {
     /// `stallwatch_probes_skipped_total{reason="in_flight"}` of the target, and the
     /// lane's own counter of the same.
     skipped_in_flight: [IntCounter; 2],
+    /// The calls the lane has timed and not yet recorded in its histograms and history.
+    pub pending: Pending,
 }
 
 /// The mount check of a target, shared by its lanes: one expected filesystem, checked
@@ -152,12 +155,32 @@ impl Targets {
         Arc::clone(&self.now.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Records the calls every lane holds (`pending.rs`): before a reader of the
+    /// histograms or the history looks.
+    pub fn fold_pending(&self) {
+        for t in self.current().iter() {
+            t.fold_pending();
+        }
+    }
+
     pub fn replace(&self, targets: Vec<Arc<TargetShared>>) {
         *self.now.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(targets);
     }
 }
 
 impl TargetShared {
+    /// Records the calls its lanes hold; drops them once the target is stopped (removed
+    /// by a reload, or shutting down), whose series must not be written again.
+    pub fn fold_pending(&self) {
+        for lane in &self.lanes {
+            if self.stop.is_set() {
+                lane.pending.discard();
+            } else {
+                lane.pending.fold();
+            }
+        }
+    }
+
     /// Target number `index` of the configuration, its lanes numbered from `first_lane`;
     /// its series are created in `metrics`. Lanes start staggered across the interval,
     /// so the agent does not time its own probes against each other.
@@ -198,6 +221,7 @@ impl TargetShared {
                     metrics.skipped(&target.name, SkipReason::InFlight),
                     metrics.lane_skipped(&target.name, mode, SkipReason::InFlight),
                 ],
+                pending: Pending::default(),
             })
             .collect();
         TargetShared {

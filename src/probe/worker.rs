@@ -14,17 +14,15 @@ use super::target::{Context, Lane, Outcome, TargetShared};
 use crate::base::errno::Errno;
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
-use crate::history::TargetHistory;
 use crate::kernel::mounts::MountWatch;
 use crate::stall::log::{FinishedCall, LaneKey};
 
-/// Reports each timed call to the in-flight slot, the histogram and the stall log.
+/// Reports each timed call to the in-flight slot, the lane's pending calls (for the
+/// histogram and the history) and the stall log.
 struct Recorder<'a> {
     target: &'a TargetShared,
     lane: &'a Lane,
     ctx: &'a Context,
-    series: &'a LaneSeries,
-    history: Option<&'a TargetHistory>,
     seq: Cell<u64>,
     /// A wall-clock time and the monotonic time it was read at, once per cycle: the
     /// wall time of each call's end is derived from it, not read again per call.
@@ -85,10 +83,11 @@ impl Observer for Recorder<'_> {
         if failure.is_none() && op != Op::Prepare {
             // A stall's exemplar carries the wall clock read when it returned.
             let now = self.wall_at(ended, stall_id.is_some() || elapsed >= t.stall_threshold);
-            self.series
-                .observe(op, elapsed, stall_id.map(|id| (id, now)));
-            if let Some(h) = self.history {
-                h.record(mode, op, elapsed, now);
+            // Held and recorded in batches (`pending.rs`); a stall at once, with its
+            // exemplar.
+            match stall_id {
+                None => self.lane.pending.push(op, elapsed, now),
+                Some(id) => self.lane.pending.push_stall(op, elapsed, now, id),
             }
         }
     }
@@ -106,8 +105,6 @@ pub struct Worker {
     seq: u64,
     /// The series this lane writes each cycle, looked up once.
     series: LaneSeries,
-    /// The target's history, looked up once (lane 0 creates it, before the others).
-    history: Option<Arc<TargetHistory>>,
     /// The last mount check that passed: the mount table's generation it was made in,
     /// whether the mount is read-only, and the mount id the probe directory must be on.
     mount_ok: Option<(u64, bool, Option<u64>)>,
@@ -134,7 +131,9 @@ impl Worker {
         }
         let l = &target.lanes[lane];
         let series = ctx.metrics.lane_series(&target.target.name, l.mode, l.ops);
-        let history = ctx.history.target(target.index);
+        // The target's history: lane 0 created it, before the others.
+        l.pending
+            .set_sink(l.mode, series.clone(), ctx.history.target(target.index));
         let mount_watch = MountWatch::new(&ctx.roots.proc_root);
         Worker {
             target,
@@ -144,7 +143,6 @@ impl Worker {
             had_dir: false,
             seq: 0,
             series,
-            history,
             mount_ok: None,
             mount_watch,
             generation: None,
@@ -235,8 +233,6 @@ impl Worker {
             target: &target,
             lane,
             ctx: &self.ctx,
-            series: &self.series,
-            history: self.history.as_deref(),
             seq: Cell::new(0),
             wall: Cell::new(None),
         };
@@ -388,6 +384,13 @@ mod tests {
         assert_eq!(m.up_of("t"), 0, "not up while one lane has not run");
         assert_eq!(shared.status().state, State::Starting);
         last.cycle();
+        // The lanes hold their calls until a reader looks (`pending.rs`): none yet.
+        assert_eq!(
+            m.observed("t", Mode::Create, Op::Create),
+            0,
+            "held, not recorded"
+        );
+        shared.fold_pending();
         for mode in [Mode::Create, Mode::Overwrite, Mode::Replace, Mode::Append] {
             assert_eq!(m.cycles_of("t", mode), 1, "{mode}");
             assert_eq!(m.lane_up_of("t", mode), 1, "{mode}");
@@ -491,13 +494,11 @@ mod tests {
     #[test]
     fn a_cycle_reads_the_wall_clock_once_unless_told_to_read_it_again() {
         let dir = tempfile::tempdir().unwrap();
-        let (w, shared, ctx) = workers(target(dir.path(), false));
+        let (_w, shared, ctx) = workers(target(dir.path(), false));
         let rec = Recorder {
             target: &shared,
             lane: &shared.lanes[0],
             ctx: &ctx,
-            series: &w[0].series,
-            history: None,
             seq: Cell::new(0),
             wall: Cell::new(None),
         };
