@@ -4,7 +4,7 @@
 //! for the landing page (`Latest`) and hands each sample to the stall log for the
 //! stalls' windows.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -17,7 +17,7 @@ use crate::base::sync::{lock, Shutdown};
 use crate::history::History;
 use crate::kernel::blockdev::{self, SyncAction};
 use crate::kernel::devstat;
-use crate::kernel::kernfs::Roots;
+use crate::kernel::kernfs::{KeptOpen, Roots};
 use crate::kernel::snapshot::{DeviceReading, Snapshot};
 use crate::kernel::vm;
 use crate::probe::devices::Devices;
@@ -260,11 +260,24 @@ impl SamplerMetrics {
     }
 
     /// Reads in-flight requests and md state of the devices beneath the targets.
-    fn read_devices(&self, devices: &Devices, sys_root: &Path) -> DeviceReading {
+    fn read_devices(
+        &self,
+        devices: &Devices,
+        sys_root: &Path,
+        files: &mut InflightFiles,
+    ) -> DeviceReading {
         let (disks, arrays) = devices.watched();
         let mut r = DeviceReading::default();
+        files.retain(|d, _| disks.contains(d));
         for d in &disks {
-            if let Ok((reads, writes)) = blockdev::inflight(sys_root, d) {
+            if !files.contains_key(d) {
+                let Ok(path) = blockdev::inflight_path(sys_root, d) else {
+                    continue;
+                };
+                files.insert(d.clone(), KeptOpen::new(path));
+            }
+            let file = files.get_mut(d).expect("inserted above");
+            if let Ok((reads, writes)) = file.read_parse(blockdev::parse_inflight) {
                 self.device_inflight
                     .with_label_values(&[d, "read"])
                     .set(reads as i64);
@@ -296,6 +309,9 @@ impl SamplerMetrics {
         r
     }
 }
+
+/// The `inflight` file of each watched device, kept open between samples.
+type InflightFiles = HashMap<String, KeptOpen>;
 
 /// Where the sampler reads and how often.
 pub struct Sampler {
@@ -335,6 +351,8 @@ impl Sampler {
         let mut samples: u64 = 0;
         let mut facts_of = None;
         let mut next = Instant::now();
+        let mut vm_files = vm::VmFiles::new(&self.roots.proc_root);
+        let mut inflight_files = InflightFiles::new();
         loop {
             // The sysctls every tenth sample (and the first).
             let with_sysctls = samples.is_multiple_of(10);
@@ -346,7 +364,7 @@ impl Sampler {
                 samples.is_multiple_of(60),
             );
             samples += 1;
-            match vm::sample(&self.roots.proc_root, page, with_sysctls) {
+            match vm::sample(&mut vm_files, page, with_sysctls) {
                 Ok(s) => {
                     if failing {
                         info!("VM sampling recovered");
@@ -354,9 +372,11 @@ impl Sampler {
                     }
                     self.metrics.publish_vm(&s, prev.as_ref());
                     self.history.record_kernel(&s, SystemTime::now());
-                    let devices = self
-                        .metrics
-                        .read_devices(&self.devices, &self.roots.sys_root);
+                    let devices = self.metrics.read_devices(
+                        &self.devices,
+                        &self.roots.sys_root,
+                        &mut inflight_files,
+                    );
                     let snapshot = Snapshot { vm: s, devices };
                     self.latest.set(snapshot.clone());
                     stalls.observe(snapshot);
@@ -403,7 +423,7 @@ mod tests {
                 members: d.slaves.clone(),
             },
         );
-        let reading = m.read_devices(&devices, &sys);
+        let reading = m.read_devices(&devices, &sys, &mut InflightFiles::new());
         assert_eq!(reading.md_action.get("md0"), Some(&SyncAction::Resync));
         assert_eq!(
             m.md_sync_action.with_label_values(&["md0", "resync"]).get(),

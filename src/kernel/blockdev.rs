@@ -204,6 +204,11 @@ pub fn md_state(sys_root: &Path, md: &str) -> Result<MdState, BlockdevError> {
 
 /// Reads the requests in flight `(reads, writes)` of a disk, partition or md array.
 pub fn inflight(sys_root: &Path, name: &str) -> Result<(u64, u64), BlockdevError> {
+    Ok(read_parse(&inflight_path(sys_root, name)?, parse_inflight)?)
+}
+
+/// The `inflight` file of block device `name`, for a reader that keeps it open.
+pub fn inflight_path(sys_root: &Path, name: &str) -> Result<PathBuf, BlockdevError> {
     check_name(name)?;
     // SYS/block lists whole disks only; partitions sit in their disk's directory and are
     // reachable by name through SYS/class/block.
@@ -213,7 +218,7 @@ pub fn inflight(sys_root: &Path, name: &str) -> Result<(u64, u64), BlockdevError
     } else {
         sys_root.join("class/block").join(name)
     };
-    Ok(read_parse(&dir.join("inflight"), parse_inflight)?)
+    Ok(dir.join("inflight"))
 }
 
 /// Parses `inflight`: two counts, reads then writes, space-padded (`"       0        3\n"`).

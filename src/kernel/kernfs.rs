@@ -147,6 +147,98 @@ pub fn read_parse<T>(
     })
 }
 
+/// A kernel file the sampler reads every second, kept open and read again from its
+/// start: procfs and sysfs generate a file anew for a read at offset 0, so a `pread`
+/// there gives what a fresh open would, without the path walk, the open and the close
+/// (BENCHMARKS.md, "CPU at the syscall floor"). A read that fails on the kept
+/// descriptor (a device removed, or removed and added again under its name) is tried
+/// once more on a fresh open, whose error is the one reported.
+pub struct KeptOpen {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    /// The last read's text is `buf[..len]`; the buffer is kept for the next.
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl KeptOpen {
+    /// Opens nothing yet: the first read does.
+    pub fn new(path: PathBuf) -> KeptOpen {
+        KeptOpen {
+            path,
+            file: None,
+            buf: Vec::new(),
+            len: 0,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the file whole from its start and parses it; errors carry the path.
+    pub fn read_parse<T>(
+        &mut self,
+        parse: impl FnOnce(&str) -> Result<T, ParseError>,
+    ) -> Result<T, ReadError> {
+        let kept = self.file.is_some();
+        let mut read = self.read_again();
+        if read.is_err() && kept {
+            self.file = None;
+            read = self.read_again();
+        }
+        if let Err(source) = read {
+            self.file = None;
+            return Err(ReadError::Io {
+                path: self.path.clone(),
+                source,
+            });
+        }
+        let text = std::str::from_utf8(&self.buf[..self.len]).map_err(|e| ReadError::Io {
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        })?;
+        parse(text).map_err(|source| ReadError::Parse {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Reads the whole file into `buf` from offset 0, opening it first when not open.
+    /// A read that returns less than it asked for was the last: procfs and sysfs fill
+    /// the buffer up to the end of the file (seq_file, one page for an attribute), so
+    /// /proc/vmstat takes one `pread`, not a second one that returns 0.
+    fn read_again(&mut self) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        if self.file.is_none() {
+            self.file = Some(std::fs::File::open(&self.path)?);
+        }
+        let f = self.file.as_ref().expect("opened above");
+        if self.buf.len() < FIRST_READ {
+            self.buf.resize(FIRST_READ, 0);
+        }
+        let mut len = 0;
+        loop {
+            if len == self.buf.len() {
+                self.buf.resize(2 * len, 0);
+            }
+            let want = self.buf.len() - len;
+            match f.read_at(&mut self.buf[len..], len as u64) {
+                Ok(n) => {
+                    len += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.len = len;
+        Ok(())
+    }
+}
+
 /// Like [`read_parse`], with a missing file as None: attributes that only some kernels,
 /// levels or devices have.
 pub fn read_parse_optional<T>(
@@ -186,6 +278,66 @@ mod tests {
         let e = parse_uint::<u32>("degraded", "4294967296", "4294967296\n").unwrap_err();
         assert_eq!(e.reason, "integer out of range");
         assert_eq!(e.input, "4294967296\n");
+    }
+
+    #[test]
+    fn a_kept_file_reads_its_current_text_and_reopens_a_replaced_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "1\n").unwrap();
+        let mut f = KeptOpen::new(path.clone());
+        let read = |f: &mut KeptOpen| f.read_parse(|t| parse_uint::<u64>("f", t, t));
+        assert_eq!(read(&mut f).unwrap(), 1);
+        // Longer than the first read, and written in place: read again from the start.
+        let long = format!("{}\n", "9".repeat(FIRST_READ + 10));
+        std::fs::write(&path, &long).unwrap();
+        assert_eq!(f.read_parse(|t| Ok(t.len())).unwrap(), long.len());
+        std::fs::write(&path, "2\n").unwrap();
+        assert_eq!(read(&mut f).unwrap(), 2);
+        // Gone: the error names the path; back: opened again.
+        std::fs::remove_file(&path).unwrap();
+        // The kept descriptor still reads the unlinked file; a sysfs attribute of a
+        // removed device fails instead (ENODEV), which is what reopening is for.
+        assert_eq!(read(&mut f).unwrap(), 2);
+        let mut fresh = KeptOpen::new(path.clone());
+        let e = read(&mut fresh).unwrap_err();
+        assert!(e.is_not_found() && e.path() == path, "{e}");
+        std::fs::write(&path, "3\n").unwrap();
+        assert_eq!(read(&mut fresh).unwrap(), 3);
+    }
+
+    #[test]
+    fn a_kept_proc_file_is_generated_anew_at_each_read() {
+        // This thread's run time, read twice through one descriptor with 20 ms of
+        // spinning between: the second read must be a fresh text, not the first again.
+        let mut f = KeptOpen::new(PathBuf::from("/proc/thread-self/schedstat"));
+        let run_ns = |f: &mut KeptOpen| {
+            f.read_parse(|t| parse_uint::<u64>("schedstat", t.split(' ').next().unwrap(), t))
+                .unwrap()
+        };
+        let a = run_ns(&mut f);
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(20) {
+            std::hint::black_box(0u64);
+        }
+        let b = run_ns(&mut f);
+        assert!(b > a, "run time {a} then {b}: not read anew");
+    }
+
+    #[test]
+    fn a_kept_sysfs_attribute_is_generated_anew_at_each_read() {
+        // The loopback device's packet counter, a kernfs attribute as a disk's
+        // `inflight` is: one datagram to ourselves between two reads through one
+        // descriptor must show.
+        let mut f = KeptOpen::new(PathBuf::from("/sys/class/net/lo/statistics/tx_packets"));
+        let packets = |f: &mut KeptOpen| f.read_parse(|t| parse_uint::<u64>("tx", t, t)).unwrap();
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let a = packets(&mut f);
+        tx.send_to(b"x", rx.local_addr().unwrap()).unwrap();
+        rx.recv(&mut [0u8; 8]).unwrap();
+        let b = packets(&mut f);
+        assert!(b > a, "tx_packets {a} then {b}: not read anew");
     }
 
     #[test]

@@ -2,10 +2,10 @@
 //! `/proc/pressure/io` and the `vm.dirty_*` sysctls (pure), and one sample read from a
 //! given procfs root.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::kernel::kernfs::{self, ParseError, ReadError};
+use crate::kernel::kernfs::{self, KeptOpen, ParseError, ReadError};
 
 /// The writeback counters of `/proc/vmstat`, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,16 +125,37 @@ pub fn read_sysctls(proc_root: &Path) -> Result<DirtySysctls, ReadError> {
     })
 }
 
-/// Takes one sample under `proc_root`. vmstat is required; pressure and sysctls are
+/// The files under `PROC` read at every sample, kept open between samples.
+pub struct VmFiles {
+    proc_root: PathBuf,
+    vmstat: KeptOpen,
+    pressure: KeptOpen,
+}
+
+impl VmFiles {
+    pub fn new(proc_root: &Path) -> VmFiles {
+        VmFiles {
+            proc_root: proc_root.to_owned(),
+            vmstat: KeptOpen::new(proc_root.join("vmstat")),
+            pressure: KeptOpen::new(proc_root.join("pressure/io")),
+        }
+    }
+}
+
+/// Takes one sample of the files under `PROC`. vmstat is required; pressure and sysctls are
 /// optional (a kernel without PSI, a container hiding /proc/sys), so their absence is
 /// not an error.
 /// `with_sysctls` false skips the six sysctl files: they change rarely, and the
 /// thresholds that follow from them are in vmstat every time.
-pub fn sample(proc_root: &Path, page_size: u64, with_sysctls: bool) -> Result<VmSample, ReadError> {
-    let counters = kernfs::read_parse(&proc_root.join("vmstat"), |t| parse_vmstat(t, page_size))?;
-    let pressure = kernfs::read_parse(&proc_root.join("pressure/io"), parse_pressure).ok();
+pub fn sample(
+    files: &mut VmFiles,
+    page_size: u64,
+    with_sysctls: bool,
+) -> Result<VmSample, ReadError> {
+    let counters = files.vmstat.read_parse(|t| parse_vmstat(t, page_size))?;
+    let pressure = files.pressure.read_parse(parse_pressure).ok();
     let sysctls = if with_sysctls {
-        read_sysctls(proc_root).ok()
+        read_sysctls(&files.proc_root).ok()
     } else {
         None
     };
@@ -268,10 +289,10 @@ mod tests {
 
     #[test]
     fn sample_from_fixture_root_and_missing_root() {
-        let s = sample(&fixtures(), 4096, true).unwrap();
+        let s = sample(&mut VmFiles::new(&fixtures()), 4096, true).unwrap();
         assert!(s.pressure.is_some());
         assert!(s.sysctls.is_some());
-        let e = sample(Path::new("/nonexistent"), 4096, true).unwrap_err();
+        let e = sample(&mut VmFiles::new(Path::new("/nonexistent")), 4096, true).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/vmstat"));
     }
 }
