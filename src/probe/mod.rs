@@ -9,10 +9,10 @@
 //! short-held locks that are never held across a system call on the probed filesystem.
 //!
 //! `target` holds what other threads share with a target's lanes, `worker` is a lane's
-//! thread, `pending` the calls it has timed and not yet recorded, `ops` the system calls of each mode, `metrics` and `scrape` the probe metric
-//! families, `supervisor` the running targets and reloads, `devices` the target → device
-//! registry, `watchdog` the thread that
-//! watches the lanes' in-flight slots.
+//! thread, `pending` the calls a lane has timed and not yet recorded, `ops` the system
+//! calls of each mode, `metrics` and `scrape` the probe metric families, `supervisor`
+//! the running targets and reloads, `devices` the target → device registry, `watchdog`
+//! the thread that watches the lanes' in-flight slots.
 
 pub mod devices;
 mod metrics;
