@@ -26,7 +26,8 @@
 //! at 10 s or slower the steps are folded from the calls, which are as few.
 //!
 //! Each series is allocated once when its target starts, so memory does not grow with
-//! uptime. The probe lanes and the sampler write under a per-series lock held for a few
+//! uptime. The probe lanes (or a reader folding their pending calls first, see
+//! `probe/pending.rs`) and the sampler write under a per-series lock held for a few
 //! stores; readers hold it only to copy the points out. Neither ever holds it across a
 //! system call, so a lane never waits on a page load beyond that copy.
 //!

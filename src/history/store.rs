@@ -27,9 +27,9 @@ pub struct TargetHistory {
 }
 
 impl TargetHistory {
-    /// A call of `mode` `op` completed at `at` after `elapsed`. The lanes call this on
-    /// the history they looked up once ([`History::target`]), without the whole
-    /// history's lock.
+    /// A call of `mode` `op` completed at `at` after `elapsed`. The lanes' pending
+    /// calls (`probe/pending.rs`) record into the history they looked up once
+    /// ([`History::target`]), without the whole history's lock.
     pub fn record(&self, mode: Mode, op: Op, elapsed: Duration, at: SystemTime) {
         if let Some(s) = self.series.iter().find(|s| s.mode == mode && s.op == op) {
             lock(&s.ring).record(unix_secs(at), elapsed.as_secs_f32());

@@ -198,16 +198,23 @@ impl KeptOpen {
             path: self.path.clone(),
             source: io::Error::new(io::ErrorKind::InvalidData, e),
         })?;
-        parse(text).map_err(|source| ReadError::Parse {
-            path: self.path.clone(),
-            source,
+        parse(text).map_err(|source| {
+            // Opened afresh next time: a file replaced under its name (a tree of plain
+            // files given as --path.procfs) reads as the old one through the kept
+            // descriptor.
+            self.file = None;
+            ReadError::Parse {
+                path: self.path.clone(),
+                source,
+            }
         })
     }
 
-    /// Reads the whole file into `buf` from offset 0, opening it first when not open.
-    /// A read that returns less than it asked for was the last: procfs and sysfs fill
-    /// the buffer up to the end of the file (seq_file, one page for an attribute), so
-    /// /proc/vmstat takes one `pread`, not a second one that returns 0.
+    /// Reads the whole file into `buf` from offset 0, opening it first when not open,
+    /// until a read returns 0. A short read is not the end: seq_file hands out at most
+    /// one page of records per read (/proc/vmstat is about 4 KiB, more on some kernels),
+    /// and the read at the end continues from where the last one stopped, so it costs
+    /// one quick `pread`.
     fn read_again(&mut self) -> io::Result<()> {
         use std::os::unix::fs::FileExt as _;
         if self.file.is_none() {
@@ -222,14 +229,9 @@ impl KeptOpen {
             if len == self.buf.len() {
                 self.buf.resize(2 * len, 0);
             }
-            let want = self.buf.len() - len;
             match f.read_at(&mut self.buf[len..], len as u64) {
-                Ok(n) => {
-                    len += n;
-                    if n < want {
-                        break;
-                    }
-                }
+                Ok(0) => break,
+                Ok(n) => len += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -322,6 +324,50 @@ mod tests {
         }
         let b = run_ns(&mut f);
         assert!(b > a, "run time {a} then {b}: not read anew");
+    }
+
+    #[test]
+    fn a_kept_file_that_fails_to_parse_is_opened_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "x\n").unwrap();
+        let mut f = KeptOpen::new(path.clone());
+        let read = |f: &mut KeptOpen| f.read_parse(|t| parse_uint::<u64>("f", t, t));
+        assert!(read(&mut f).is_err());
+        // Replaced under its name, as a tree of plain files given as --path.procfs may
+        // be: the kept descriptor would read the old file.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "5\n").unwrap();
+        assert_eq!(read(&mut f).unwrap(), 5);
+    }
+
+    #[test]
+    fn a_kept_proc_file_longer_than_a_page_is_read_whole() {
+        // seq_file hands out a page of records per read: /proc/slabinfo (one line per
+        // cache, ~4 KiB a read, several reads long) must come back whole, as many lines
+        // as a fresh read of it has. Root only (0400); CI runs as root.
+        let fresh = match std::fs::read_to_string("/proc/slabinfo") {
+            Ok(t) => t,
+            Err(e)
+                if e.kind() == io::ErrorKind::PermissionDenied
+                    && std::env::var_os("CI").is_none() =>
+            {
+                eprintln!("skipped: /proc/slabinfo needs root ({e})");
+                return;
+            }
+            Err(e) => panic!("/proc/slabinfo: {e}"),
+        };
+        assert!(
+            fresh.len() > 4096,
+            "{} bytes: not longer than a page",
+            fresh.len()
+        );
+        let mut f = KeptOpen::new(PathBuf::from("/proc/slabinfo"));
+        for _ in 0..2 {
+            let (len, lines) = f.read_parse(|t| Ok((t.len(), t.lines().count()))).unwrap();
+            assert!(len > 4096, "{len} bytes");
+            assert_eq!(lines, fresh.lines().count());
+        }
     }
 
     #[test]

@@ -16,7 +16,8 @@ use crate::base::labels::{Mode, Op};
 use crate::base::sync::lock;
 use crate::history::TargetHistory;
 
-/// Calls held before the lane records them itself: four to five cycles of a lane.
+/// Calls held before the lane records them itself: 16 cycles of a `direct` lane, 8 of
+/// an overwrite or append lane, 4 to 5 of a create lane.
 const CAPACITY: usize = 16;
 
 /// One successful call, as the histograms and the history record it.

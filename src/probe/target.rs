@@ -86,7 +86,9 @@ pub(super) struct LaneState {
 /// the lane at every call and cycle, read by the watchdog at every look) share the
 /// first, the outcome and what the lane reads of itself each cycle the second. After a
 /// second asleep these lines are cold; fewer of them is fewer misses. A lane's lines
-/// are its own, not shared with the other lanes of the target.
+/// are its own, not shared with the other lanes of the target. Its pending calls
+/// (`pending.rs`, about 700 bytes) follow, written at every call and by the readers
+/// that fold them.
 #[repr(C, align(64))]
 pub struct Lane {
     pub inflight: InflightSlot,

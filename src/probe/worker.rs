@@ -1,6 +1,6 @@
 //! The thread of one lane: runs its cycles at the target's interval, times each call
-//! (`ops.rs`) and reports it to the in-flight slot, the histograms, the history and the
-//! stall log.
+//! (`ops.rs`) and reports it to the in-flight slot, the stall log and its pending calls,
+//! which go to the histograms and the history in batches (`pending.rs`).
 
 use std::cell::Cell;
 use std::sync::Arc;
