@@ -115,21 +115,38 @@ const FIRST_READ: usize = 8192;
 fn read_whole(path: &Path) -> std::io::Result<String> {
     use std::io::Read as _;
     let mut f = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; FIRST_READ];
+    let mut buf = Vec::new();
+    let len = read_to_end(&mut buf, |b, _| f.read(b))?;
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(invalid_data)
+}
+
+/// Reads into `buf` (grown as needed, from [`FIRST_READ`] up) until `read` returns 0;
+/// `read(into, offset)` reads at `offset`, the count so far. The length read.
+fn read_to_end(
+    buf: &mut Vec<u8>,
+    mut read: impl FnMut(&mut [u8], u64) -> io::Result<usize>,
+) -> io::Result<usize> {
+    if buf.len() < FIRST_READ {
+        buf.resize(FIRST_READ, 0);
+    }
     let mut len = 0;
     loop {
         if len == buf.len() {
             buf.resize(2 * len, 0);
         }
-        match f.read(&mut buf[len..]) {
-            Ok(0) => break,
+        match read(&mut buf[len..], len as u64) {
+            Ok(0) => return Ok(len),
             Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    buf.truncate(len);
-    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Kernel text that is not UTF-8, as the read error it is reported as.
+fn invalid_data(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
 /// Reads a kernel file whole and parses it; errors carry the path.
@@ -172,10 +189,6 @@ impl KeptOpen {
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Reads the file whole from its start and parses it; errors carry the path.
     pub fn read_parse<T>(
         &mut self,
@@ -196,7 +209,7 @@ impl KeptOpen {
         }
         let text = std::str::from_utf8(&self.buf[..self.len]).map_err(|e| ReadError::Io {
             path: self.path.clone(),
-            source: io::Error::new(io::ErrorKind::InvalidData, e),
+            source: invalid_data(e),
         })?;
         parse(text).map_err(|source| {
             // Opened afresh next time: a file replaced under its name (a tree of plain
@@ -221,22 +234,7 @@ impl KeptOpen {
             self.file = Some(std::fs::File::open(&self.path)?);
         }
         let f = self.file.as_ref().expect("opened above");
-        if self.buf.len() < FIRST_READ {
-            self.buf.resize(FIRST_READ, 0);
-        }
-        let mut len = 0;
-        loop {
-            if len == self.buf.len() {
-                self.buf.resize(2 * len, 0);
-            }
-            match f.read_at(&mut self.buf[len..], len as u64) {
-                Ok(0) => break,
-                Ok(n) => len += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        self.len = len;
+        self.len = read_to_end(&mut self.buf, |b, offset| f.read_at(b, offset))?;
         Ok(())
     }
 }
