@@ -151,11 +151,9 @@ fn history_body(app: &App, q: &HistoryQuery) -> Vec<u8> {
     // to now (null where no call returned).
     let strip_from = from - from % strip;
     let strips = (now_s as u32).saturating_sub(strip_from) / strip + 1;
-    let current = app.targets.current();
     // The lanes hold their latest calls (`probe/pending.rs`): recorded before they are read.
-    for t in current.iter() {
-        t.fold_pending();
-    }
+    app.targets.fold_pending();
+    let current = app.targets.current();
     // Events that were ongoing, started or ended in the window, unless the page has
     // them already: the page merges them by `id`. Without a stalls_version, the
     // serialized events serve while the log has not changed.

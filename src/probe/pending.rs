@@ -21,7 +21,6 @@ use crate::history::TargetHistory;
 const CAPACITY: usize = 16;
 
 /// One successful call, as the histograms and the history record it.
-#[derive(Clone, Copy)]
 struct Call {
     op: Op,
     elapsed: Duration,
@@ -39,18 +38,15 @@ struct Sink {
 #[derive(Default)]
 struct Held {
     sink: Option<Sink>,
-    calls: [Option<Call>; CAPACITY],
-    len: usize,
+    /// At most [`CAPACITY`], allocated once by [`Pending::set_sink`].
+    calls: Vec<Call>,
 }
 
 impl Held {
     fn fold(&mut self) {
-        let n = std::mem::take(&mut self.len);
-        let Some(sink) = &self.sink else {
-            return;
-        };
-        for c in self.calls[..n].iter().flatten() {
-            sink.record(c, None);
+        match &self.sink {
+            Some(sink) => self.calls.drain(..).for_each(|c| sink.record(&c, None)),
+            None => self.calls.clear(),
         }
     }
 }
@@ -78,7 +74,8 @@ impl Pending {
         history: Option<Arc<TargetHistory>>,
     ) {
         let mut held = lock(&self.0);
-        held.len = 0;
+        held.calls.clear();
+        held.calls.reserve_exact(CAPACITY);
         held.sink = Some(Sink {
             mode,
             series,
@@ -90,12 +87,10 @@ impl Pending {
     /// every held call when the buffer is full.
     pub(super) fn push(&self, op: Op, elapsed: Duration, at: SystemTime) {
         let mut held = lock(&self.0);
-        if held.len == CAPACITY {
+        if held.calls.len() == CAPACITY {
             held.fold();
         }
-        let i = held.len;
-        held.calls[i] = Some(Call { op, elapsed, at });
-        held.len += 1;
+        held.calls.push(Call { op, elapsed, at });
     }
 
     /// Records the held calls, then this one, a call that became stall `stall_id`, with
@@ -116,7 +111,7 @@ impl Pending {
     /// Drops the held calls unrecorded: the lane's target was removed or the agent is
     /// stopping, and its series must not be written again.
     pub(super) fn discard(&self) {
-        lock(&self.0).len = 0;
+        lock(&self.0).calls.clear();
     }
 }
 
