@@ -6,13 +6,12 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use prometheus::core::Collector;
-use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
-
 use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::config::Target;
-use crate::exposition::family::{Exemplar, HistogramSeries, HistogramVec};
+use crate::exposition::family::{
+    Counter, CounterVec, Exemplar, Family, Gauge, GaugeVec, HistogramSeries, HistogramVec,
+};
 use crate::exposition::registry::Registry;
 use crate::kernel::mounts::Mount;
 
@@ -44,25 +43,27 @@ impl SkipReason {
 /// The probe families, registered once; each probe thread writes its target's series.
 pub struct ProbeMetrics {
     duration: Arc<HistogramVec>,
-    errors: IntCounterVec,
-    cycles: IntCounterVec,
-    skipped: IntCounterVec,
-    up: IntGaugeVec,
-    read_only: IntGaugeVec,
-    info: IntGaugeVec,
-    last_success: GaugeVec,
-    lane_up: IntGaugeVec,
-    lane_skipped: IntCounterVec,
+    errors: Arc<CounterVec>,
+    cycles: Arc<CounterVec>,
+    skipped: Arc<CounterVec>,
+    up: Arc<GaugeVec>,
+    read_only: Arc<GaugeVec>,
+    info: Arc<GaugeVec>,
+    last_success: Arc<GaugeVec>,
+    lane_up: Arc<GaugeVec>,
+    lane_skipped: Arc<CounterVec>,
     /// The (target, mode, op, errno) series of `errors` created so far: errno values
     /// are not known in advance, and a retired target's series must all go.
     error_series: Mutex<BTreeSet<[String; 4]>>,
 }
 
-fn register<M: Collector + Clone + 'static>(r: &Registry, m: prometheus::Result<M>) -> M {
-    let m = m.expect("valid metric definition");
-    r.register(Box::new(m.clone()))
-        .expect("metric registered once");
-    m
+/// Registers a family written by the agent itself (`exposition::family`): the probe
+/// families have a series per target and lane, which `gather()` would rebuild, clone
+/// and sort on every scrape.
+fn register<F: Family + 'static>(r: &Registry, f: F) -> Arc<F> {
+    let f = Arc::new(f);
+    r.register_family(Arc::clone(&f) as _);
+    f
 }
 
 impl ProbeMetrics {
@@ -83,91 +84,73 @@ impl ProbeMetrics {
             },
             errors: register(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "stallwatch_probe_errors_total",
-                        "Failed probe operations by errno name (op=prepare: opening the probe directory or file).",
-                    ),
+                CounterVec::new(
+                    "stallwatch_probe_errors_total",
+                    "Failed probe operations by errno name (op=prepare: opening the probe directory or file).",
                     &["target", "mode", "op", "errno"],
                 ),
             ),
             cycles: register(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "stallwatch_probes_total",
-                        "Probe cycles run per mode, successful or failed.",
-                    ),
+                CounterVec::new(
+                    "stallwatch_probes_total",
+                    "Probe cycles run per mode, successful or failed.",
                     &["target", "mode"],
                 ),
             ),
             skipped: register(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "stallwatch_probes_skipped_total",
-                        "Probe cycles not started: in_flight (previous cycle still running), not_mounted, mount_changed.",
-                    ),
+                CounterVec::new(
+                    "stallwatch_probes_skipped_total",
+                    "Probe cycles not started: in_flight (previous cycle still running), not_mounted, mount_changed.",
                     &["target", "reason"],
                 ),
             ),
             up: register(
                 r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "stallwatch_target_up",
-                        "1 when the last cycle succeeded on the expected mount, else 0.",
-                    ),
+                GaugeVec::new(
+                    "stallwatch_target_up",
+                    "1 when the last cycle succeeded on the expected mount, else 0.",
                     target,
                 ),
             ),
             read_only: register(
                 r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "stallwatch_target_read_only",
-                        "1 when the target's filesystem is mounted read-only (ro or emergency_ro) or answered EROFS.",
-                    ),
+                GaugeVec::new(
+                    "stallwatch_target_read_only",
+                    "1 when the target's filesystem is mounted read-only (ro or emergency_ro) or answered EROFS.",
                     target,
                 ),
             ),
             info: register(
                 r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "stallwatch_target_info",
-                        "What is probed: the target's path, its mount point, device, filesystem type and mount plus super options.",
-                    ),
+                GaugeVec::new(
+                    "stallwatch_target_info",
+                    "What is probed: the target's path, its mount point, device, filesystem type and mount plus super options.",
                     &["target", "path", "mountpoint", "device", "fstype", "options"],
                 ),
             ),
             last_success: register(
                 r,
                 GaugeVec::new(
-                    Opts::new(
-                        "stallwatch_last_success_timestamp_seconds",
-                        "Unix time at the end of the last successful probe cycle.",
-                    ),
+                    "stallwatch_last_success_timestamp_seconds",
+                    "Unix time at the end of the last successful probe cycle.",
                     target,
                 ),
             ),
             lane_up: register(
                 r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "stallwatch_lane_up",
-                        "1 when the last cycle of this mode's lane succeeded; stallwatch_target_up is 1 when every lane's is.",
-                    ),
+                GaugeVec::new(
+                    "stallwatch_lane_up",
+                    "1 when the last cycle of this mode's lane succeeded; stallwatch_target_up is 1 when every lane's is.",
                     &["target", "mode"],
                 ),
             ),
             lane_skipped: register(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "stallwatch_lane_skipped_total",
-                        "Cycles of this mode's lane not started, by reason; stallwatch_probes_skipped_total is their sum per target.",
-                    ),
+                CounterVec::new(
+                    "stallwatch_lane_skipped_total",
+                    "Cycles of this mode's lane not started, by reason; stallwatch_probes_skipped_total is their sum per target.",
                     &["target", "mode", "reason"],
                 ),
             ),
@@ -263,12 +246,17 @@ impl ProbeMetrics {
     }
 
     /// The skip counter of `target` for `reason`.
-    pub(super) fn skipped(&self, target: &str, reason: SkipReason) -> IntCounter {
+    pub(super) fn skipped(&self, target: &str, reason: SkipReason) -> Arc<Counter> {
         self.skipped.with_label_values(&[target, reason.as_str()])
     }
 
     /// The skip counter of `target`'s `mode` lane for `reason`.
-    pub(super) fn lane_skipped(&self, target: &str, mode: Mode, reason: SkipReason) -> IntCounter {
+    pub(super) fn lane_skipped(
+        &self,
+        target: &str,
+        mode: Mode,
+        reason: SkipReason,
+    ) -> Arc<Counter> {
         self.lane_skipped
             .with_label_values(&[target, mode.as_str(), reason.as_str()])
     }
@@ -276,7 +264,7 @@ impl ProbeMetrics {
     pub(super) fn set_lane_up(&self, target: &str, mode: Mode, up: bool) {
         self.lane_up
             .with_label_values(&[target, mode.as_str()])
-            .set(up as i64);
+            .set(flag(up));
     }
 
     /// Records a call's latency by its labels, with the stall exemplar as
@@ -308,13 +296,13 @@ impl ProbeMetrics {
     }
 
     pub(super) fn set_up(&self, target: &str, up: bool) {
-        self.up.with_label_values(&[target]).set(up as i64);
+        self.up.with_label_values(&[target]).set(flag(up));
     }
 
     pub(super) fn set_read_only(&self, target: &str, read_only: bool) {
         self.read_only
             .with_label_values(&[target])
-            .set(read_only as i64);
+            .set(flag(read_only));
     }
 
     /// Replaces the `target_info` series of `t` on `old` by one on `new`.
@@ -337,7 +325,7 @@ impl ProbeMetrics {
         if let Some(m) = new {
             self.info
                 .with_label_values(&labels(m).each_ref().map(|s| s.as_str()))
-                .set(1);
+                .set(1.0);
         }
     }
 
@@ -350,7 +338,7 @@ impl ProbeMetrics {
 
     #[cfg(test)]
     pub(super) fn up_of(&self, target: &str) -> i64 {
-        self.up.with_label_values(&[target]).get()
+        self.up.with_label_values(&[target]).get() as i64
     }
 
     #[cfg(test)]
@@ -364,7 +352,7 @@ impl ProbeMetrics {
     pub(super) fn lane_up_of(&self, target: &str, mode: Mode) -> i64 {
         self.lane_up
             .with_label_values(&[target, mode.as_str()])
-            .get()
+            .get() as i64
     }
 
     #[cfg(test)]
@@ -379,8 +367,8 @@ impl ProbeMetrics {
 #[derive(Clone)]
 pub(super) struct LaneSeries {
     duration: Vec<(Op, HistogramSeries)>,
-    cycles: IntCounter,
-    lane_up: IntGauge,
+    cycles: Arc<Counter>,
+    lane_up: Arc<Gauge>,
 }
 
 impl LaneSeries {
@@ -402,24 +390,24 @@ impl LaneSeries {
     }
 
     pub(super) fn set_up(&self, up: bool) {
-        self.lane_up.set(up as i64);
+        self.lane_up.set(flag(up));
     }
 }
 
 /// The per-target series of every cycle, as `ProbeMetrics::target_series` looked them up.
 pub(super) struct TargetSeries {
-    up: IntGauge,
-    read_only: IntGauge,
-    last_success: Gauge,
+    up: Arc<Gauge>,
+    read_only: Arc<Gauge>,
+    last_success: Arc<Gauge>,
 }
 
 impl TargetSeries {
     pub(super) fn set_up(&self, up: bool) {
-        self.up.set(up as i64);
+        self.up.set(flag(up));
     }
 
     pub(super) fn set_read_only(&self, read_only: bool) {
-        self.read_only.set(read_only as i64);
+        self.read_only.set(flag(read_only));
     }
 
     pub(super) fn succeeded_at(&self, at: SystemTime) {
@@ -428,6 +416,11 @@ impl TargetSeries {
             .unwrap_or_default();
         self.last_success.set(unix.as_secs_f64());
     }
+}
+
+/// 1 or 0, as the flag gauges (`stallwatch_target_up` ...) are written.
+fn flag(on: bool) -> f64 {
+    f64::from(u8::from(on))
 }
 
 /// The exemplar of a call that became the stall event `id`, returned at `at`.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use prometheus::IntCounter;
+use crate::exposition::family::Counter;
 use tracing::{info, warn};
 
 use super::devices::Devices;
@@ -103,7 +103,7 @@ pub struct Lane {
     pub waits: LaneWaits,
     /// `stallwatch_probes_skipped_total{reason="in_flight"}` of the target, and the
     /// lane's own counter of the same.
-    skipped_in_flight: [IntCounter; 2],
+    skipped_in_flight: [Arc<Counter>; 2],
     /// The calls the lane has timed and not yet recorded in its histograms and history.
     pub pending: Pending,
 }
