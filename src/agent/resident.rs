@@ -120,7 +120,10 @@ fn one_malloc_arena() {
 /// 64 targets) and its encoding buffers come from the heap; the heap keeps those pages
 /// between scrapes, and under the lock they stay resident: 2 MiB of RSS at 64 targets,
 /// for a few hundred page faults per scrape of that size. Setting the threshold turns
-/// the adjustment off. Call first thing, before any thread: whatever the lock's outcome.
+/// the adjustment off. The body's buffer is kept on purpose, once, by the registry
+/// (`exposition::registry::body`), so scrapes do not fault it in again; any other
+/// large block still goes back to the kernel when freed. Call first thing, before any
+/// thread: whatever the lock's outcome.
 pub fn fixed_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; called before any thread exists.

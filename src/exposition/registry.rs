@@ -7,6 +7,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use axum::body::Bytes;
 use prometheus::proto::{MetricFamily, MetricType};
 use prometheus::{IntGaugeVec, Opts, TextEncoder};
 
@@ -22,6 +23,8 @@ pub struct Registry {
     direct: Mutex<Vec<Arc<dyn Family>>>,
     /// Run before each encoding: the probe lanes record the calls they hold.
     before: Mutex<Vec<BeforeEncode>>,
+    /// The buffer of the last scrape's body, once it has been sent ([`Spare`]).
+    spare: Arc<Mutex<Vec<u8>>>,
 }
 
 type BeforeEncode = Box<dyn Fn() + Send + Sync>;
@@ -160,11 +163,17 @@ static LAST_PB_LEN: AtomicUsize = AtomicUsize::new(0);
 /// crate's families with the crate's protobuf encoder (counters and gauges only: the
 /// agent's histograms are all [`Family`]s), ours with their own writer.
 pub fn encode_protobuf(r: &Registry) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_protobuf_into(r, &mut out);
+    out
+}
+
+fn encode_protobuf_into(r: &Registry, out: &mut Vec<u8>) {
     use prometheus::Encoder as _;
     r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
-    let mut out = Vec::with_capacity(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    out.reserve(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
     let enc = prometheus::ProtobufEncoder::new();
     // Family by family: the crate's encoder stops at the first family it refuses.
     let crate_families = |fs: &[MetricFamily], out: &mut Vec<u8>| {
@@ -175,44 +184,96 @@ pub fn encode_protobuf(r: &Registry) -> Vec<u8> {
     let mut rest = families.as_slice();
     for d in &direct {
         let n = rest.partition_point(|mf| mf.name() < d.name());
-        crate_families(&rest[..n], &mut out);
+        crate_families(&rest[..n], out);
         rest = &rest[n..];
-        d.encode_protobuf(&mut out);
+        d.encode_protobuf(out);
     }
-    crate_families(rest, &mut out);
+    crate_families(rest, out);
     LAST_PB_LEN.store(out.len(), Ordering::Relaxed);
-    out
 }
 
 /// Encodes every family of `r` in the text format.
 pub fn encode(r: &Registry) -> String {
-    encode_in(r, Dialect::Prometheus)
+    let mut out = String::new();
+    encode_in(r, Dialect::Prometheus, &mut out);
+    out
 }
 
 /// Encodes every family of `r` in OpenMetrics 1.0 text: as [`encode`], with the
 /// differences of [`Dialect::OpenMetrics`], the exemplars, and `# EOF`.
 pub fn encode_openmetrics(r: &Registry) -> String {
-    let mut out = encode_in(r, Dialect::OpenMetrics);
-    out.push_str("# EOF\n");
+    let mut out = String::new();
+    encode_in(r, Dialect::OpenMetrics, &mut out);
     out
 }
 
-fn encode_in(r: &Registry, dialect: Dialect) -> String {
+fn encode_in(r: &Registry, dialect: Dialect, out: &mut String) {
     r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
-    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    out.reserve(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
     // Both lists are in name order: merge them.
     let mut rest = families.as_slice();
     for d in &direct {
         let n = rest.partition_point(|mf| mf.name() < d.name());
-        encode_text(&rest[..n], &mut out, dialect);
+        encode_text(&rest[..n], out, dialect);
         rest = &rest[n..];
-        d.encode(&mut out, dialect);
+        d.encode(out, dialect);
     }
-    encode_text(rest, &mut out, dialect);
+    encode_text(rest, out, dialect);
+    if dialect == Dialect::OpenMetrics {
+        out.push_str("# EOF\n");
+    }
     LAST_LEN.store(out.len(), Ordering::Relaxed);
-    out
+}
+
+/// A scrape's response body in `format`, encoded into the buffer of an earlier scrape
+/// when one is free ([`Spare`]).
+pub fn body(r: &Registry, format: Format) -> Bytes {
+    let home = Arc::clone(&r.spare);
+    let mut buf = std::mem::take(&mut *lock(&home));
+    match format {
+        Format::Protobuf => encode_protobuf_into(r, &mut buf),
+        Format::Text | Format::OpenMetrics => {
+            let dialect = if format == Format::Text {
+                Dialect::Prometheus
+            } else {
+                Dialect::OpenMetrics
+            };
+            // An empty buffer is valid UTF-8, and only text is written into it.
+            let mut text = String::from_utf8(buf).unwrap_or_default();
+            encode_in(r, dialect, &mut text);
+            buf = text.into_bytes();
+        }
+    }
+    Bytes::from_owner(Spare { buf, home })
+}
+
+/// The buffer of a scrape's body, handed back for the next scrape when the body has been
+/// sent. A body is about 1.3 MB at 64 targets: a fresh one is a mapping of its own
+/// (`agent::resident::fixed_mmap_threshold`), whose ~300 pages each fault in, zeroed
+/// and locked, and go back to the kernel when it is freed, on every scrape. One kept
+/// buffer costs the RSS of one body and none of that. A second scrape at the same time
+/// gets a fresh buffer; the larger of the two is kept.
+struct Spare {
+    buf: Vec<u8>,
+    home: Arc<Mutex<Vec<u8>>>,
+}
+
+impl AsRef<[u8]> for Spare {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        let mut spare = lock(&self.home);
+        if self.buf.capacity() > spare.capacity() {
+            self.buf.clear();
+            *spare = std::mem::take(&mut self.buf);
+        }
+    }
 }
 
 /// The text format exactly as `prometheus::TextEncoder` writes it (the golden test and
@@ -404,6 +465,51 @@ mod tests {
             names,
             ["a_total", "b_total", "c_total", "d_total", "e_total", "f_total"]
         );
+    }
+
+    /// A body is the exposition [`encode`] and its siblings write; once it has been
+    /// dropped (sent), the next scrape's body is written into the same buffer, of
+    /// whichever format; of two bodies out at once, the larger buffer is kept.
+    #[test]
+    fn a_body_reuses_the_last_ones_buffer() {
+        let r = Registry::new();
+        let c = Arc::new(crate::exposition::family::CounterVec::new(
+            "c_total",
+            "n",
+            &["t"],
+        ));
+        for i in 0..2_000 {
+            c.with_label_values(&[&format!("target-{i}")]).inc();
+        }
+        r.register_family(Arc::clone(&c) as _);
+        let text = body(&r, Format::Text);
+        assert_eq!(&text[..], encode(&r).as_bytes());
+        let at = text.as_ptr();
+        drop(text);
+        let om = body(&r, Format::OpenMetrics);
+        assert_eq!(&om[..], encode_openmetrics(&r).as_bytes());
+        assert!(om.ends_with(b"# EOF\n"));
+        assert_eq!(
+            om.as_ptr(),
+            at,
+            "the buffer of the dropped body is written again"
+        );
+        // A second scrape while the first is out: a buffer of its own.
+        let pb = body(&r, Format::Protobuf);
+        assert_eq!(&pb[..], &encode_protobuf(&r)[..]);
+        assert_ne!(pb.as_ptr(), at);
+        assert_eq!(
+            lock(&r.spare).capacity(),
+            0,
+            "nothing kept while both are out"
+        );
+        let (pb_at, longest) = (pb.as_ptr(), om.len().max(pb.len()));
+        drop(pb);
+        assert!(lock(&r.spare).capacity() > 0, "the first back is kept");
+        drop(om);
+        let spare = lock(&r.spare);
+        assert!(spare.as_ptr() == at || spare.as_ptr() == pb_at);
+        assert!(spare.capacity() >= longest, "the larger buffer is kept");
     }
 
     #[test]

@@ -50,13 +50,7 @@ async fn metrics(State(app): State<Arc<App>>, headers: header::HeaderMap) -> Res
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = metrics::Format::negotiate(accept);
     let ct = [(header::CONTENT_TYPE, format.content_type())];
-    match format {
-        metrics::Format::Text => (ct, metrics::encode(&app.registry)).into_response(),
-        metrics::Format::Protobuf => (ct, metrics::encode_protobuf(&app.registry)).into_response(),
-        metrics::Format::OpenMetrics => {
-            (ct, metrics::encode_openmetrics(&app.registry)).into_response()
-        }
-    }
+    (ct, metrics::body(&app.registry, format)).into_response()
 }
 
 /// `POST /-/reload`: as Prometheus, 403 unless `--web.enable-lifecycle`; the reload runs
