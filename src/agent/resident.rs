@@ -117,12 +117,12 @@ fn one_malloc_arena() {
 /// glibc: allocations from 128 KiB up always get a mapping of their own, returned to the
 /// kernel when freed. Left to itself glibc raises that threshold to the largest block it
 /// has freed (up to 32 MiB), so after the first scrape each `/metrics` body (1.2 MB at
-/// 64 targets) and its encoding buffers come from the heap; the heap keeps those pages
-/// between scrapes, and under the lock they stay resident: 2 MiB of RSS at 64 targets,
-/// for a few hundred page faults per scrape of that size. Setting the threshold turns
-/// the adjustment off. The body's buffer is kept on purpose, once, by the registry
-/// (`exposition::registry::body`), so scrapes do not fault it in again; any other
-/// large block still goes back to the kernel when freed. Call first thing, before any
+/// 64 targets) and its encoding buffers came from the heap; the heap kept those pages
+/// between scrapes, and under the lock they stayed resident: 2 MiB of RSS at 64
+/// targets. Setting the threshold turns the adjustment off: a large block goes back to
+/// the kernel when freed. The body's buffer alone is kept on purpose, once, by the
+/// registry (`exposition::registry::body`), so scrapes do not fault its ~285 pages in
+/// again. Call first thing, before any
 /// thread: whatever the lock's outcome.
 pub fn fixed_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -15,8 +15,9 @@ use crate::base::sync::lock;
 use crate::exposition::family::{escape, header, sample, Dialect, Family};
 
 /// The crate's registry for the small families, beside the [`Family`]s that write
-/// their own text (the probe histograms and the stall counters). It derefs to the
-/// crate's registry, so `register(Box::new(collector))` works as there.
+/// their own text (every family with a series per target: the probe histograms,
+/// counters and gauges, the stall counters). It derefs to the crate's registry, so
+/// `register(Box::new(collector))` works as there.
 #[derive(Default)]
 pub struct Registry {
     crate_families: prometheus::Registry,
@@ -25,6 +26,10 @@ pub struct Registry {
     before: Mutex<Vec<BeforeEncode>>,
     /// The buffer of the last scrape's body, once it has been sent ([`Spare`]).
     spare: Arc<Mutex<Vec<u8>>>,
+    /// Length of the last text and protobuf exposition: the next one reserves about
+    /// that much, not grown from nothing (1.2 MB of text with 64 targets).
+    last_len: AtomicUsize,
+    last_pb_len: AtomicUsize,
 }
 
 type BeforeEncode = Box<dyn Fn() + Send + Sync>;
@@ -86,10 +91,6 @@ pub fn registry() -> Registry {
     r.register(Box::new(pc)).expect("registered once");
     r
 }
-
-/// Size of the last exposition: the next one is encoded into a buffer of about that
-/// size, not grown from nothing (about 1 MB with 64 targets).
-static LAST_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// The formats a scrape can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +158,6 @@ impl Format {
     }
 }
 
-static LAST_PB_LEN: AtomicUsize = AtomicUsize::new(0);
-
 /// Encodes every family of `r` in the protobuf format, in name order as [`encode`]: the
 /// crate's families with the crate's protobuf encoder (counters and gauges only: the
 /// agent's histograms are all [`Family`]s), ours with their own writer.
@@ -173,7 +172,7 @@ fn encode_protobuf_into(r: &Registry, out: &mut Vec<u8>) {
     r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
-    out.reserve(LAST_PB_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    out.reserve(room_for(r.last_pb_len.load(Ordering::Relaxed)));
     let enc = prometheus::ProtobufEncoder::new();
     // Family by family: the crate's encoder stops at the first family it refuses.
     let crate_families = |fs: &[MetricFamily], out: &mut Vec<u8>| {
@@ -189,7 +188,7 @@ fn encode_protobuf_into(r: &Registry, out: &mut Vec<u8>) {
         d.encode_protobuf(out);
     }
     crate_families(rest, out);
-    LAST_PB_LEN.store(out.len(), Ordering::Relaxed);
+    r.last_pb_len.store(out.len(), Ordering::Relaxed);
 }
 
 /// Encodes every family of `r` in the text format.
@@ -211,7 +210,7 @@ fn encode_in(r: &Registry, dialect: Dialect, out: &mut String) {
     r.run_before();
     let families = r.gather();
     let direct = lock(&r.direct).clone();
-    out.reserve(LAST_LEN.load(Ordering::Relaxed) * 9 / 8 + 4096);
+    out.reserve(room_for(r.last_len.load(Ordering::Relaxed)));
     // Both lists are in name order: merge them.
     let mut rest = families.as_slice();
     for d in &direct {
@@ -224,7 +223,7 @@ fn encode_in(r: &Registry, dialect: Dialect, out: &mut String) {
     if dialect == Dialect::OpenMetrics {
         out.push_str("# EOF\n");
     }
-    LAST_LEN.store(out.len(), Ordering::Relaxed);
+    r.last_len.store(out.len(), Ordering::Relaxed);
 }
 
 /// A scrape's response body in `format`, encoded into the buffer of an earlier scrape
@@ -240,7 +239,8 @@ pub fn body(r: &Registry, format: Format) -> Bytes {
             } else {
                 Dialect::OpenMetrics
             };
-            // An empty buffer is valid UTF-8, and only text is written into it.
+            // Emptied, the buffer of any format is valid UTF-8.
+            buf.clear();
             let mut text = String::from_utf8(buf).unwrap_or_default();
             encode_in(r, dialect, &mut text);
             buf = text.into_bytes();
@@ -249,12 +249,19 @@ pub fn body(r: &Registry, format: Format) -> Bytes {
     Bytes::from_owner(Spare { buf, home })
 }
 
+/// Room for an exposition after one of `len` bytes: an eighth more and a page.
+fn room_for(len: usize) -> usize {
+    len + len / 8 + 4096
+}
+
 /// The buffer of a scrape's body, handed back for the next scrape when the body has been
-/// sent. A body is about 1.3 MB at 64 targets: a fresh one is a mapping of its own
-/// (`agent::resident::fixed_mmap_threshold`), whose ~300 pages each fault in, zeroed
+/// sent. A body is about 1.2 MB at 64 targets: a fresh one is a mapping of its own
+/// (`agent::resident::fixed_mmap_threshold`), whose ~285 pages each fault in, zeroed
 /// and locked, and go back to the kernel when it is freed, on every scrape. One kept
 /// buffer costs the RSS of one body and none of that. A second scrape at the same time
-/// gets a fresh buffer; the larger of the two is kept.
+/// gets a fresh buffer; the larger of the two is kept, unless the one kept is more
+/// than four times what this body needed (the targets became fewer, at a reload): then
+/// the smaller replaces it. A buffer far larger than its body is shrunk first.
 struct Spare {
     buf: Vec<u8>,
     home: Arc<Mutex<Vec<u8>>>,
@@ -268,9 +275,13 @@ impl AsRef<[u8]> for Spare {
 
 impl Drop for Spare {
     fn drop(&mut self) {
+        let need = room_for(self.buf.len());
+        self.buf.clear();
+        if self.buf.capacity() > 2 * need {
+            self.buf.shrink_to(need);
+        }
         let mut spare = lock(&self.home);
-        if self.buf.capacity() > spare.capacity() {
-            self.buf.clear();
+        if self.buf.capacity() > spare.capacity() || spare.capacity() > 4 * need {
             *spare = std::mem::take(&mut self.buf);
         }
     }
@@ -507,9 +518,25 @@ mod tests {
         drop(pb);
         assert!(lock(&r.spare).capacity() > 0, "the first back is kept");
         drop(om);
-        let spare = lock(&r.spare);
-        assert!(spare.as_ptr() == at || spare.as_ptr() == pb_at);
-        assert!(spare.capacity() >= longest, "the larger buffer is kept");
+        {
+            let spare = lock(&r.spare);
+            assert!(spare.as_ptr() == at || spare.as_ptr() == pb_at);
+            assert!(spare.capacity() >= longest);
+        }
+        // Fewer series (a reload that removed targets): the next, much smaller, body's
+        // buffer replaces the large one, and a large buffer is not kept for it.
+        for i in 0..1_990 {
+            c.remove_label_values(&[&format!("target-{i}")]);
+        }
+        let big = lock(&r.spare).capacity();
+        let small = body(&r, Format::Text);
+        let need = room_for(small.len());
+        drop(small);
+        let kept = lock(&r.spare).capacity();
+        assert!(
+            kept <= 2 * need && kept < big,
+            "kept {kept} of {big}, need {need}"
+        );
     }
 
     #[test]
