@@ -57,6 +57,14 @@ impl Registry {
         direct.sort_by(|a, b| a.name().cmp(b.name()));
     }
 
+    /// Registers `f` as [`Registry::register_family`] does and returns it, for its owner
+    /// to write into.
+    pub fn add_family<F: Family + 'static>(&self, f: F) -> Arc<F> {
+        let f = Arc::new(f);
+        self.register_family(Arc::clone(&f) as _);
+        f
+    }
+
     /// Runs `f` before each encoding, so what the families hold is current.
     pub fn before_encode(&self, f: impl Fn() + Send + Sync + 'static) {
         lock(&self.before).push(Box::new(f));

@@ -10,7 +10,7 @@ use crate::base::labels::{Failure, Mode, Op};
 use crate::base::sync::lock;
 use crate::config::Target;
 use crate::exposition::family::{
-    Counter, CounterVec, Exemplar, Family, Gauge, GaugeVec, HistogramSeries, HistogramVec,
+    Counter, CounterVec, Exemplar, Gauge, GaugeVec, HistogramSeries, HistogramVec,
 };
 use crate::exposition::registry::Registry;
 use crate::kernel::mounts::Mount;
@@ -57,103 +57,63 @@ pub struct ProbeMetrics {
     error_series: Mutex<BTreeSet<[String; 4]>>,
 }
 
-/// Registers a family written by the agent itself (`exposition::family`): the probe
-/// families have a series per target and lane, which `gather()` would rebuild, clone
-/// and sort on every scrape.
-fn register<F: Family + 'static>(r: &Registry, f: F) -> Arc<F> {
-    let f = Arc::new(f);
-    r.register_family(Arc::clone(&f) as _);
-    f
-}
-
 impl ProbeMetrics {
     /// Builds the families and registers them in `r`.
     pub fn new(r: &Registry) -> ProbeMetrics {
         let target = &["target"];
         ProbeMetrics {
-            duration: {
-                let h = Arc::new(HistogramVec::new(
-                    "stallwatch_probe_duration_seconds",
-                    "Latency of each completed probe system call, timed on its own. \
-                     Updated by the probe threads; a scrape never waits for a probe.",
-                    &["target", "mode", "op"],
-                    &BUCKETS,
-                ));
-                r.register_family(Arc::clone(&h) as _);
-                h
-            },
-            errors: register(
-                r,
-                CounterVec::new(
-                    "stallwatch_probe_errors_total",
-                    "Failed probe operations by errno name (op=prepare: opening the probe directory or file).",
-                    &["target", "mode", "op", "errno"],
-                ),
-            ),
-            cycles: register(
-                r,
-                CounterVec::new(
-                    "stallwatch_probes_total",
-                    "Probe cycles run per mode, successful or failed.",
-                    &["target", "mode"],
-                ),
-            ),
-            skipped: register(
-                r,
-                CounterVec::new(
-                    "stallwatch_probes_skipped_total",
-                    "Probe cycles not started: in_flight (previous cycle still running), not_mounted, mount_changed.",
-                    &["target", "reason"],
-                ),
-            ),
-            up: register(
-                r,
-                GaugeVec::new(
-                    "stallwatch_target_up",
-                    "1 when the last cycle succeeded on the expected mount, else 0.",
-                    target,
-                ),
-            ),
-            read_only: register(
-                r,
-                GaugeVec::new(
-                    "stallwatch_target_read_only",
-                    "1 when the target's filesystem is mounted read-only (ro or emergency_ro) or answered EROFS.",
-                    target,
-                ),
-            ),
-            info: register(
-                r,
-                GaugeVec::new(
-                    "stallwatch_target_info",
-                    "What is probed: the target's path, its mount point, device, filesystem type and mount plus super options.",
-                    &["target", "path", "mountpoint", "device", "fstype", "options"],
-                ),
-            ),
-            last_success: register(
-                r,
-                GaugeVec::new(
-                    "stallwatch_last_success_timestamp_seconds",
-                    "Unix time at the end of the last successful probe cycle.",
-                    target,
-                ),
-            ),
-            lane_up: register(
-                r,
-                GaugeVec::new(
-                    "stallwatch_lane_up",
-                    "1 when the last cycle of this mode's lane succeeded; stallwatch_target_up is 1 when every lane's is.",
-                    &["target", "mode"],
-                ),
-            ),
-            lane_skipped: register(
-                r,
-                CounterVec::new(
-                    "stallwatch_lane_skipped_total",
-                    "Cycles of this mode's lane not started, by reason; stallwatch_probes_skipped_total is their sum per target.",
-                    &["target", "mode", "reason"],
-                ),
-            ),
+            duration: r.add_family(HistogramVec::new(
+                "stallwatch_probe_duration_seconds",
+                "Latency of each completed probe system call, timed on its own. \
+                 Updated by the probe threads; a scrape never waits for a probe.",
+                &["target", "mode", "op"],
+                &BUCKETS,
+            )),
+            errors: r.add_family(CounterVec::new(
+                "stallwatch_probe_errors_total",
+                "Failed probe operations by errno name (op=prepare: opening the probe directory or file).",
+                &["target", "mode", "op", "errno"],
+            )),
+            cycles: r.add_family(CounterVec::new(
+                "stallwatch_probes_total",
+                "Probe cycles run per mode, successful or failed.",
+                &["target", "mode"],
+            )),
+            skipped: r.add_family(CounterVec::new(
+                "stallwatch_probes_skipped_total",
+                "Probe cycles not started: in_flight (previous cycle still running), not_mounted, mount_changed.",
+                &["target", "reason"],
+            )),
+            up: r.add_family(GaugeVec::new(
+                "stallwatch_target_up",
+                "1 when the last cycle succeeded on the expected mount, else 0.",
+                target,
+            )),
+            read_only: r.add_family(GaugeVec::new(
+                "stallwatch_target_read_only",
+                "1 when the target's filesystem is mounted read-only (ro or emergency_ro) or answered EROFS.",
+                target,
+            )),
+            info: r.add_family(GaugeVec::new(
+                "stallwatch_target_info",
+                "What is probed: the target's path, its mount point, device, filesystem type and mount plus super options.",
+                &["target", "path", "mountpoint", "device", "fstype", "options"],
+            )),
+            last_success: r.add_family(GaugeVec::new(
+                "stallwatch_last_success_timestamp_seconds",
+                "Unix time at the end of the last successful probe cycle.",
+                target,
+            )),
+            lane_up: r.add_family(GaugeVec::new(
+                "stallwatch_lane_up",
+                "1 when the last cycle of this mode's lane succeeded; stallwatch_target_up is 1 when every lane's is.",
+                &["target", "mode"],
+            )),
+            lane_skipped: r.add_family(CounterVec::new(
+                "stallwatch_lane_skipped_total",
+                "Cycles of this mode's lane not started, by reason; stallwatch_probes_skipped_total is their sum per target.",
+                &["target", "mode", "reason"],
+            )),
             error_series: Mutex::default(),
         }
     }

@@ -103,12 +103,11 @@ impl StallLog {
     /// An empty log of `capacity` events; registers `stallwatch_stalls_total`. `wake` is
     /// notified whenever a stall starts or ends.
     pub fn new(capacity: usize, registry: &Registry, wake: Arc<Wake>) -> StallLog {
-        let stalls = Arc::new(CounterVec::new(
+        let stalls = registry.add_family(CounterVec::new(
             "stallwatch_stalls_total",
             "Operations slower than the stall threshold, counted when the threshold is crossed, while the call may still be blocked; cause: where the kernel held the call, as sampled before the crossing.",
             &["target", "mode", "op", "cause"],
         ));
-        registry.register_family(Arc::clone(&stalls) as _);
         // The ids' prefix is the run's start, not its first stall's.
         id::init();
         StallLog {
