@@ -122,8 +122,7 @@ fn one_malloc_arena() {
 /// targets. Setting the threshold turns the adjustment off: a large block goes back to
 /// the kernel when freed. The body's buffer alone is kept on purpose, once, by the
 /// registry (`exposition::registry::body`), so scrapes do not fault its ~285 pages in
-/// again. Call first thing, before any
-/// thread: whatever the lock's outcome.
+/// again. Call first thing, before any thread: whatever the lock's outcome.
 pub fn fixed_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; called before any thread exists.

@@ -9,10 +9,10 @@
 //! series' numbers (atomics, or a histogram's lock held for a copy). The family's map
 //! of series is read-locked while the family is written: creating a series (at start,
 //! a reload, a new errno) waits that long, as it did for the crate's `collect`. The
-//! text is the same as the crate's
-//! encoder would write for a `HistogramVec`, `IntCounterVec`, `IntGaugeVec` or `GaugeVec`
-//! with the same series (`tests::same_text_as_the_crate_families` and
-//! `tests::scalars_as_the_crate_writes_them` hold it to that, the protobuf too).
+//! text is the same as the crate's encoder would write for a `HistogramVec`,
+//! `IntCounterVec`, `IntGaugeVec` or `GaugeVec` with the same series
+//! (`tests::same_text_as_the_crate_families` and `tests::scalars_as_the_crate_writes_them`
+//! hold it to that, the protobuf too).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

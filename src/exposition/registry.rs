@@ -239,6 +239,8 @@ fn encode_in(r: &Registry, dialect: Dialect, out: &mut String) {
 pub fn body(r: &Registry, format: Format) -> Bytes {
     let home = Arc::clone(&r.spare);
     let mut buf = std::mem::take(&mut *lock(&home));
+    // Kept empty (`Spare::drop`); cleared here as well: a body starts from nothing.
+    buf.clear();
     match format {
         Format::Protobuf => encode_protobuf_into(r, &mut buf),
         Format::Text | Format::OpenMetrics => {
@@ -247,8 +249,7 @@ pub fn body(r: &Registry, format: Format) -> Bytes {
             } else {
                 Dialect::OpenMetrics
             };
-            // Emptied, the buffer of any format is valid UTF-8.
-            buf.clear();
+            // Empty, so valid UTF-8.
             let mut text = String::from_utf8(buf).unwrap_or_default();
             encode_in(r, dialect, &mut text);
             buf = text.into_bytes();

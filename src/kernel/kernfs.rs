@@ -280,13 +280,24 @@ mod tests {
         assert_eq!(e.input, "4294967296\n");
     }
 
-    #[test]
-    fn a_kept_file_reads_its_current_text_and_reopens_a_replaced_one() {
+    /// A file `f` holding `text` in a fresh directory (removed when the guard drops),
+    /// kept open.
+    fn kept_file(text: &str) -> (tempfile::TempDir, PathBuf, KeptOpen) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        std::fs::write(&path, "1\n").unwrap();
-        let mut f = KeptOpen::new(path.clone());
-        let read = |f: &mut KeptOpen| f.read_parse(|t| parse_uint::<u64>("f", t, t));
+        std::fs::write(&path, text).unwrap();
+        let f = KeptOpen::new(path.clone());
+        (dir, path, f)
+    }
+
+    /// The file's number, as the sampler's attributes are read.
+    fn read(f: &mut KeptOpen) -> Result<u64, ReadError> {
+        f.read_parse(|t| parse_uint::<u64>("f", t, t))
+    }
+
+    #[test]
+    fn a_kept_file_reads_its_current_text_and_reopens_a_replaced_one() {
+        let (_dir, path, mut f) = kept_file("1\n");
         assert_eq!(read(&mut f).unwrap(), 1);
         // Longer than the first read, and written in place: read again from the start.
         let long = format!("{}\n", "9".repeat(FIRST_READ + 10));
@@ -326,11 +337,7 @@ mod tests {
 
     #[test]
     fn a_kept_file_that_fails_to_parse_is_opened_afresh() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, "x\n").unwrap();
-        let mut f = KeptOpen::new(path.clone());
-        let read = |f: &mut KeptOpen| f.read_parse(|t| parse_uint::<u64>("f", t, t));
+        let (_dir, path, mut f) = kept_file("x\n");
         assert!(read(&mut f).is_err());
         // Replaced under its name, as a tree of plain files given as --path.procfs may
         // be: the kept descriptor would read the old file.

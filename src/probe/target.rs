@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::exposition::family::Counter;
 use tracing::{info, warn};
 
 use super::devices::Devices;
@@ -17,6 +16,7 @@ use super::pending::Pending;
 use crate::base::labels::{ops_of, Mode, Op};
 use crate::base::sync::{lock, Shutdown};
 use crate::config::Target;
+use crate::exposition::family::Counter;
 use crate::history::History;
 use crate::kernel::blockdev::TargetDevices;
 use crate::kernel::kernfs::Roots;
