@@ -20,7 +20,7 @@ use crate::kernel::devstat;
 use crate::kernel::kernfs::{KeptOpen, Roots};
 use crate::kernel::snapshot::{DeviceReading, Snapshot};
 use crate::kernel::vm;
-use crate::probe::devices::Devices;
+use crate::probe::devices::{Devices, Watched};
 use crate::stall::log::StallLog;
 
 /// The kernel-state families, written only by the sampler.
@@ -183,21 +183,20 @@ impl SamplerMetrics {
         }
     }
 
-    /// Publishes the facts of the disks beneath the targets when that set differs from
-    /// the one in `known` or, with `refresh`, when a fact changed (the scheduler and the
-    /// cache mode can be set at run time). Series are replaced only on a change.
+    /// Reads the facts of the disks beneath `backing` (the devices beneath the targets)
+    /// and publishes them when they differ from `known`, the facts last published (the
+    /// scheduler and the cache mode can be set at run time). Series are replaced only
+    /// on a change.
     fn publish_facts(
         &self,
-        devices: &Devices,
+        backing: &BTreeSet<String>,
         sys_root: &Path,
-        known: &mut Option<(BTreeSet<String>, Vec<[String; 5]>)>,
-        refresh: bool,
+        known: &mut Option<Vec<[String; 5]>>,
     ) {
-        let now = devices.backing();
-        if !refresh && known.as_ref().is_some_and(|(k, _)| *k == now) {
-            return;
-        }
-        let disks: BTreeSet<String> = now.iter().map(|d| devstat::disk_of(sys_root, d)).collect();
+        let disks: BTreeSet<String> = backing
+            .iter()
+            .map(|d| devstat::disk_of(sys_root, d))
+            .collect();
         let mut labels = Vec::new();
         for d in &disks {
             let f = match devstat::read_facts(sys_root, d) {
@@ -216,14 +215,14 @@ impl SamplerMetrics {
                 f.scheduler.unwrap_or_else(|| "unknown".into()),
             ]);
         }
-        if known.as_ref().is_none_or(|(_, l)| *l != labels) {
+        if known.as_ref() != Some(&labels) {
             self.device_info.reset();
             for l in &labels {
                 let l: Vec<&str> = l.iter().map(String::as_str).collect();
                 self.device_info.with_label_values(&l).set(1);
             }
+            *known = Some(labels);
         }
-        *known = Some((now, labels));
     }
 
     fn publish_vm(&self, s: &vm::VmSample, prev: Option<&vm::VmSample>) {
@@ -262,32 +261,33 @@ impl SamplerMetrics {
     /// Reads in-flight requests and md state of the devices beneath the targets.
     fn read_devices(
         &self,
-        devices: &Devices,
+        watched: &Watched,
         sys_root: &Path,
         files: &mut InflightFiles,
     ) -> DeviceReading {
-        let (disks, arrays) = devices.watched();
         let mut r = DeviceReading::default();
-        files.retain(|d, _| disks.contains(d));
-        for d in &disks {
+        files.retain(|d, _| watched.disks.contains(d));
+        for d in &watched.disks {
             if !files.contains_key(d) {
                 let Ok(path) = blockdev::inflight_path(sys_root, d) else {
                     continue;
                 };
-                files.insert(d.clone(), KeptOpen::new(path));
+                let series = |rw: &str| self.device_inflight.with_label_values(&[d.as_str(), rw]);
+                let kept = Inflight {
+                    file: KeptOpen::new(path),
+                    reads: series("read"),
+                    writes: series("write"),
+                };
+                files.insert(d.clone(), kept);
             }
-            let file = files.get_mut(d).expect("inserted above");
-            if let Ok((reads, writes)) = file.read_parse(blockdev::parse_inflight) {
-                self.device_inflight
-                    .with_label_values(&[d, "read"])
-                    .set(reads as i64);
-                self.device_inflight
-                    .with_label_values(&[d, "write"])
-                    .set(writes as i64);
+            let kept = files.get_mut(d).expect("inserted above");
+            if let Ok((reads, writes)) = kept.file.read_parse(blockdev::parse_inflight) {
+                kept.reads.set(reads as i64);
+                kept.writes.set(writes as i64);
                 r.inflight.insert(d.clone(), reads + writes);
             }
         }
-        for a in &arrays {
+        for a in &watched.arrays {
             let Ok(st) = blockdev::md_state(sys_root, a) else {
                 continue;
             };
@@ -310,8 +310,16 @@ impl SamplerMetrics {
     }
 }
 
-/// The `inflight` file of each watched device, kept open between samples.
-type InflightFiles = HashMap<String, KeptOpen>;
+/// The `inflight` file of a watched device, kept open between samples, and its two
+/// series, looked up once.
+struct Inflight {
+    file: KeptOpen,
+    reads: IntGauge,
+    writes: IntGauge,
+}
+
+/// The `inflight` file and series of each watched device.
+type InflightFiles = HashMap<String, Inflight>;
 
 /// Where the sampler reads and how often.
 pub struct Sampler {
@@ -349,20 +357,19 @@ impl Sampler {
         let mut prev: Option<vm::VmSample> = None;
         let mut failing = false;
         let mut samples: u64 = 0;
-        let mut facts_of = None;
+        let mut facts = None;
         let mut next = Instant::now();
         let mut vm_files = vm::VmFiles::new(&self.roots.proc_root);
         let mut inflight_files = InflightFiles::new();
+        let mut watched = Watched::default();
         loop {
             // The sysctls every tenth sample (and the first).
             let with_sysctls = samples.is_multiple_of(10);
             // Device facts when the devices change, and every minute or so.
-            self.metrics.publish_facts(
-                &self.devices,
-                &self.roots.sys_root,
-                &mut facts_of,
-                samples.is_multiple_of(60),
-            );
+            if watched.refresh(&self.devices) || samples.is_multiple_of(60) {
+                self.metrics
+                    .publish_facts(&watched.backing, &self.roots.sys_root, &mut facts);
+            }
             samples += 1;
             match vm::sample(&mut vm_files, page, with_sysctls) {
                 Ok(s) => {
@@ -373,7 +380,7 @@ impl Sampler {
                     self.metrics.publish_vm(&s, prev.as_ref());
                     self.history.record_kernel(&s, SystemTime::now());
                     let devices = self.metrics.read_devices(
-                        &self.devices,
+                        &watched,
                         &self.roots.sys_root,
                         &mut inflight_files,
                     );
@@ -423,7 +430,9 @@ mod tests {
                 members: d.slaves.clone(),
             },
         );
-        let reading = m.read_devices(&devices, &sys, &mut InflightFiles::new());
+        let mut watched = Watched::default();
+        assert!(watched.refresh(&devices));
+        let reading = m.read_devices(&watched, &sys, &mut InflightFiles::new());
         assert_eq!(reading.md_action.get("md0"), Some(&SyncAction::Resync));
         assert_eq!(
             m.md_sync_action.with_label_values(&["md0", "resync"]).get(),

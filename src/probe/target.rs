@@ -493,8 +493,7 @@ impl Lane {
     /// lock makes each due time counted once.
     /// Returns the next due time while a cycle is running (when the next skip would
     /// be counted), None when idle.
-    pub fn count_overdue(&self, interval: Duration) -> Option<Instant> {
-        let now = Instant::now();
+    pub fn count_overdue(&self, now: Instant, interval: Duration) -> Option<Instant> {
         let mut s = lock(&self.sched);
         if !s.running {
             return None;

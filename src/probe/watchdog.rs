@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::devices::Devices;
-use super::target::Targets;
+use super::target::{Lane, TargetShared, Targets};
 use crate::base::sync::Shutdown;
 use crate::stall::log::{LaneKey, StallLog};
 use crate::stall::waits::{self, Reader};
@@ -45,50 +45,88 @@ pub fn run(
     // the latest, taken before the crossing is counted).
     let reader = Reader::default();
     loop {
-        // Read again at every look: a reload may have changed the targets.
-        let targets = targets.current();
-        let idle = targets
+        // The lanes of the targets probed now, looked at until a reload replaces them.
+        let current = targets.current();
+        let lanes: Vec<Watched> = current
             .iter()
-            .map(|t| t.target.stall_threshold)
+            .flat_map(|t| t.lanes.iter().map(move |lane| Watched::new(t, lane)))
+            .collect();
+        let idle = lanes
+            .iter()
+            .map(|w| w.threshold)
             .min()
             .unwrap_or(MAX_SLEEP)
             .clamp(MIN_SLEEP, MAX_SLEEP);
-        let now = Instant::now();
-        let mut wake = now + idle;
-        for t in targets.iter() {
-            let threshold = t.target.stall_threshold;
-            for lane in &t.lanes {
-                if let Some(due) = lane.count_overdue(t.target.interval) {
-                    wake = wake.min(due);
-                }
-                let Some(op) = lane.inflight.current() else {
-                    continue;
-                };
-                let sample_at = waits::sampling_point(threshold);
-                if op.age >= sample_at {
-                    let next =
-                        lane.waits
-                            .sample_if_due(&reader, op.seq, op.started, Instant::now());
-                    wake = wake.min(next);
-                }
-                if op.age >= threshold {
-                    let devices = devices.of(t.index);
-                    let key = LaneKey {
-                        devices: &devices,
-                        lane: lane.id,
-                        name: &t.target.name,
-                    };
-                    let samples = lane.waits.of(op.seq);
-                    stalls.crossed(key, op, &t.blocked_besides(lane), samples.as_ref());
-                } else if op.age >= sample_at {
-                    wake = wake.min(op.started + threshold);
-                } else {
-                    wake = wake.min(op.started + sample_at);
-                }
+        loop {
+            let now = Instant::now();
+            let mut wake = now + idle;
+            for w in &lanes {
+                wake = wake.min(w.look(now, &reader, &devices, &stalls));
+            }
+            if shutdown.sleep_until(wake.max(now + MIN_SLEEP)) {
+                return;
+            }
+            if !Arc::ptr_eq(&targets.current(), &current) {
+                break;
             }
         }
-        if shutdown.sleep_until(wake.max(now + MIN_SLEEP)) {
-            return;
+    }
+}
+
+/// A lane as the watchdog looks at it, with its target's threshold and interval
+/// beside it: a look at an idle lane reads the lane's first cache line (its in-flight
+/// slot and schedule) and nothing of its target (at 64 targets a look read ~250 lines
+/// cold after a second, ~65 µs; BENCHMARKS.md, "CPU at the syscall floor").
+struct Watched<'a> {
+    target: &'a TargetShared,
+    lane: &'a Lane,
+    threshold: Duration,
+    interval: Duration,
+}
+
+impl<'a> Watched<'a> {
+    fn new(target: &'a TargetShared, lane: &'a Lane) -> Watched<'a> {
+        Watched {
+            target,
+            lane,
+            threshold: target.target.stall_threshold,
+            interval: target.target.interval,
         }
+    }
+
+    /// Looks at the lane at `now`: counts the cycles due while one runs, samples the
+    /// wait point of a call blocked past its sampling point, counts a call past its
+    /// threshold as a stall. Returns when to look again for this lane's sake.
+    fn look(&self, now: Instant, reader: &Reader, devices: &Devices, stalls: &StallLog) -> Instant {
+        let (t, lane, threshold) = (self.target, self.lane, self.threshold);
+        let mut wake = now + MAX_SLEEP;
+        if let Some(due) = lane.count_overdue(now, self.interval) {
+            wake = wake.min(due);
+        }
+        let Some(op) = lane.inflight.current() else {
+            return wake;
+        };
+        let sample_at = waits::sampling_point(threshold);
+        if op.age >= sample_at {
+            let next = lane
+                .waits
+                .sample_if_due(reader, op.seq, op.started, Instant::now());
+            wake = wake.min(next);
+        }
+        if op.age >= threshold {
+            let devices = devices.of(t.index);
+            let key = LaneKey {
+                devices: &devices,
+                lane: lane.id,
+                name: &t.target.name,
+            };
+            let samples = lane.waits.of(op.seq);
+            stalls.crossed(key, op, &t.blocked_besides(lane), samples.as_ref());
+        } else if op.age >= sample_at {
+            wake = wake.min(op.started + threshold);
+        } else {
+            wake = wake.min(op.started + sample_at);
+        }
+        wake
     }
 }

@@ -544,13 +544,19 @@ mod tests {
         let (_w, shared, ctx) = workers(target(dir.path(), false));
         let lane = &shared.lanes[1];
         let interval = Duration::from_millis(10);
-        assert_eq!(lane.count_overdue(interval), None, "idle: nothing to count");
+        assert_eq!(
+            lane.count_overdue(Instant::now(), interval),
+            None,
+            "idle: nothing to count"
+        );
         {
             let mut s = lock(&lane.sched);
             s.running = true;
             s.next_due = Instant::now() - Duration::from_millis(25);
         }
-        let next = lane.count_overdue(interval).expect("running");
+        let next = lane
+            .count_overdue(Instant::now(), interval)
+            .expect("running");
         assert!(next > Instant::now());
         // 25 ms overdue at a 10 ms interval: the due times at -25, -15 and -5 ms.
         assert_eq!(ctx.metrics.skipped_of("t", SkipReason::InFlight), 3);
@@ -558,7 +564,7 @@ mod tests {
             .metrics
             .lane_skipped("t", Mode::Overwrite, SkipReason::InFlight);
         assert_eq!(own.get(), 3, "and on the lane's own counter");
-        lane.count_overdue(interval);
+        lane.count_overdue(Instant::now(), interval);
         assert_eq!(
             ctx.metrics.skipped_of("t", SkipReason::InFlight),
             3,
