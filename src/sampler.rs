@@ -366,7 +366,8 @@ impl Sampler {
             // The sysctls every tenth sample (and the first).
             let with_sysctls = samples.is_multiple_of(10);
             // Device facts when the devices change, and every minute or so.
-            if watched.refresh(&self.devices) || samples.is_multiple_of(60) {
+            let changed = watched.refresh(&self.devices);
+            if changed || samples.is_multiple_of(60) {
                 self.metrics
                     .publish_facts(&watched.backing, &self.roots.sys_root, &mut facts);
             }

@@ -21,9 +21,10 @@ pub struct Devices {
 }
 
 /// The devices the sampler reads, as of one change of the registry: rebuilt from it
-/// only when a target's devices changed. Rebuilt every second, the sets cost the
-/// sampler ~40 µs of its ~180 (64 targets, 8 of them on disks): a walk over every
-/// target's entry, cold after a second, for the same few names.
+/// only when a target's devices changed. Rebuilt every second, the sets were a walk
+/// over every target's entry, cold after a second, for the same few names: about 20 µs
+/// of the sampler's 176 µs per sample at 64 targets, 8 of them on disks (its thread's
+/// CPU clock around each step, 2026-12-07; BENCHMARKS.md, "CPU at the syscall floor").
 #[derive(Debug, Default)]
 pub struct Watched {
     /// The change of the registry these sets are of; None before the first refresh.
@@ -39,8 +40,8 @@ pub struct Watched {
 impl Watched {
     /// Brings the sets up to date with `devices`; true when they were rebuilt.
     pub fn refresh(&mut self, devices: &Devices) -> bool {
-        // Read before the registry: a change made while the sets are built is seen
-        // again at the next refresh.
+        // Read before the lock: a change counted after this load (its devices may or
+        // may not be in the sets built now) makes the next refresh build them again.
         let change = devices.changes.load(Ordering::Acquire);
         if self.change == Some(change) {
             return false;
@@ -70,7 +71,8 @@ impl Devices {
 
     /// Forgets a target no longer probed.
     pub fn remove(&self, target: usize) {
-        if lock(&self.by_target).remove(&target).is_some() {
+        let mut by_target = lock(&self.by_target);
+        if by_target.remove(&target).is_some() {
             self.changes.fetch_add(1, Ordering::Release);
         }
     }

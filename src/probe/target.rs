@@ -488,9 +488,9 @@ fn grid_start(now: Instant, interval: Duration) -> Instant {
 }
 
 impl Lane {
-    /// Counts the cycles that came due while the previous one is still running. Called by
-    /// the watchdog (live, while a call is blocked) and by the lane after a cycle; the
-    /// lock makes each due time counted once.
+    /// Counts the cycles that came due by `now` while the previous one is still
+    /// running. Called by the watchdog (live, while a call is blocked; one `now` per
+    /// look); the lock makes each due time counted once, with `end_cycle`.
     /// Returns the next due time while a cycle is running (when the next skip would
     /// be counted), None when idle.
     pub fn count_overdue(&self, now: Instant, interval: Duration) -> Option<Instant> {
