@@ -76,8 +76,8 @@ pub fn run(
 /// A lane as the watchdog looks at it, with its target's threshold and interval
 /// beside it: a look at an idle lane reads this entry and the lane's first cache line
 /// (its in-flight slot and schedule), and nothing of its target. Reading each target
-/// anew at every look, the watchdog took 0.0045–0.0073 % of a core at 64 targets,
-/// 0.0033–0.0052 % since (BENCHMARKS.md, "CPU at the syscall floor", r30).
+/// anew at every look, the watchdog took 0.0045–0.0080 % of a core at 64 targets,
+/// 0.0033–0.0066 % since (BENCHMARKS.md, "CPU at the syscall floor", r30).
 struct LaneView<'a> {
     target: &'a TargetShared,
     lane: &'a Lane,
