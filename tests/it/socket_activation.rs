@@ -9,6 +9,7 @@ use std::net::TcpListener;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use base64::Engine as _;
 
@@ -86,7 +87,7 @@ fn systemd_socket_activate_passes_the_socket_and_every_path_is_served() {
         let url = format!("http://{addr}/healthz");
         std::thread::spawn(move || {
             let client: ureq::Agent = client_config()
-                .timeout_global(Some(std::time::Duration::from_secs(20)))
+                .timeout_global(Some(Duration::from_secs(20)))
                 .max_idle_connections(0)
                 .build()
                 .into();
@@ -97,7 +98,7 @@ fn systemd_socket_activate_passes_the_socket_and_every_path_is_served() {
                     Ok(r) => return Ok(r.status),
                     Err(e) => last = e,
                 }
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(100));
             }
             Err(last)
         })
@@ -151,6 +152,14 @@ fn every_passed_socket_is_served_with_the_web_config() {
         &["--web.config.file", web.to_str().unwrap()],
     );
     // The test's copies stay open here; the agent accepts on its own (same sockets).
+    // The start returns at the first `listening on`; the second socket's line follows.
+    for addr in [&addr_a, &addr_b] {
+        assert!(
+            agent.wait_log(&format!("listening on {addr}"), Duration::from_secs(5)),
+            "{addr} not logged:\n{}",
+            agent.log_tail(10)
+        );
+    }
     let logged: Vec<String> = agent
         .logs()
         .iter()
